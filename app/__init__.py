@@ -1,0 +1,1 @@
+"""knobtune service: FastAPI app, metadata DB, scheduler and adapters to PostgreSQL."""

@@ -1,0 +1,1 @@
+"""Adapters to a real PostgreSQL: sandbox clusters, target control, pgbench runner."""
