@@ -262,6 +262,27 @@ class Knob:
         if self.kind in ("integer", "real") and not self.lower <= self.upper:
             raise KnobError(f"{self.name}: empty bounds [{self.lower}, {self.upper}]")
 
+    @classmethod
+    def from_row(cls, row: SettingRow) -> Knob:
+        """The knob exactly as a server describes it (unit, type, choices), unbounded.
+
+        Lets code outside the catalogue read and compare any setting's values with the one
+        parser in this module, e.g. to verify '16MB' took effect as setting '16384' (kB).
+        """
+        if row.vartype not in ("integer", "real", "enum", "bool"):
+            raise KnobError(f"{row.name}: vartype {row.vartype!r} has no typed values")
+        kind: Kind = row.vartype  # type: ignore[assignment]
+        return cls(
+            name=row.name,
+            kind=kind,
+            unit=row.unit or None,
+            lower=-math.inf,
+            upper=math.inf,
+            default=row.boot_val or row.setting,
+            choices=tuple(row.enumvals or ()),
+            context=row.context,
+        )
+
     @property
     def needs_restart(self) -> bool:
         """A postmaster-context setting only takes effect after a server restart."""
@@ -392,11 +413,13 @@ class Knob:
             return str(iv)  # 0 and sentinels such as -1 are always written bare
         fam, base = self._family
         table = _MEMORY_UNITS if fam == "memory" else _TIME_UNITS
+        atom = 1.0 if fam == "memory" else 0.001  # bytes, or microseconds: every unit is whole
+        total = iv * round(base / atom)  # exact integer arithmetic, no float tolerance
         for name, size in table:
-            ratio = iv * base / size
-            if abs(ratio - round(ratio)) < 1e-9:
-                return f"{round(ratio)}{name}"
-        return str(iv)  # pragma: no cover - the base unit itself always divides
+            unit_atoms = round(size / atom)
+            if total % unit_atoms == 0:
+                return f"{total // unit_atoms}{name}"
+        return str(iv)  # pragma: no cover - the smallest unit always divides
 
     # -- choices ---------------------------------------------------------------------------------
 

@@ -1,0 +1,294 @@
+"""Benchmark of knobtune's verdict and search on simulated noisy pgbench runs.
+
+Run: ``.venv/bin/python bench/optimizer.py [--quick]``. Prints one JSON document with:
+
+* verdict: false-keep rate of no-op candidates (A/A) and power at +15% / +5%, for the
+  descent's sequential protocol and for the naive "keep if the median rose" rule; the
+  same verdict on the recorded pgbench samples (tests/data/pgbench-noise.json);
+* search: final true throughput as % of each simulated surface's optimum after a budget
+  of 40 benchmark runs (every run counts: baseline, candidate and incumbent re-runs),
+  median over 20 seeds, for the descent, the descent without look-ahead, the naive
+  one-pass method, random search and Optuna's TPE.
+
+The simulator lives in tests/optimizer/sim.py (one copy, shared with the tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from optimizer.descent import CoordinateDescent  # noqa: E402
+from optimizer.heuristic import pgtune  # noqa: E402
+from optimizer.knobs import Config, Knob  # noqa: E402
+from optimizer.verdict import judge  # noqa: E402
+from tests.optimizer.sim import (  # noqa: E402
+    SURFACES,
+    Bench,
+    Noise,
+    Surface,
+    flat_surface,
+    naive_descent,
+    random_search,
+    slope_surface,
+)
+
+BUDGET = 40
+
+
+def _pct(x: float) -> float:
+    return round(100 * x, 1)
+
+
+# --- verdict ------------------------------------------------------------------------------------
+
+
+def session_verdicts(
+    surface: Surface, seeds: range, noise: Noise, budget: int = BUDGET, **kw: Any
+) -> list[tuple[float, bool, int]]:
+    """(true gain of the candidate, kept?, runs spent on it) for every verdict of many sessions."""
+    out = []
+    for seed in seeds:
+        opt = CoordinateDescent(surface.space, surface.start, max_trials=budget, **kw)
+        bench = Bench(noise, seed)
+        spent = 0
+        true_gain = math.nan
+        while (cand := opt.suggest()) is not None:
+            if cand.role == "candidate":
+                true_gain = surface.true(cand.config) / surface.true(opt.incumbent) - 1
+            spent += cand.role != "baseline"
+            v = opt.register(cand, bench.measure(surface.true(cand.config)))
+            if v is not None:
+                out.append((true_gain, v.keep, spent))
+                spent = 0
+    return out
+
+
+def naive_rule(noise: Noise, gain: float, n: int, seed: int) -> float:
+    """Keep rate of 'keep if the median rose', one run each, true gain ``gain``."""
+    bench = Bench(noise, seed)
+    kept = 0
+    for _ in range(n):
+        a = np.median(bench.run(1000.0))
+        b = np.median(bench.run(1000.0 * (1 + gain)))
+        kept += bool(b > a)
+    return kept / n
+
+
+def fixed_design(noise: Noise, gain: float, runs: int, n: int, seed: int) -> float:
+    """Keep rate of judge() on a fixed design: ``runs`` interleaved runs per side."""
+    bench = Bench(noise, seed)
+    kept = 0
+    for _ in range(n):
+        inc, cand = [], []
+        for _ in range(runs):
+            inc.append(bench.run(1000.0))
+            cand.append(bench.run(1000.0 * (1 + gain)))
+        kept += judge(inc, cand).keep
+    return kept / n
+
+
+def recorded() -> dict[str, Any]:
+    """The verdict on real pgbench samples: identical configs (A/A) and work_mem 4MB vs 16MB."""
+    data = json.loads((ROOT / "tests/data/pgbench-noise.json").read_text())
+    runs: dict[str, list[list[float]]] = {}
+    for r in data["runs"]:
+        runs.setdefault(r["case"], []).append(r["tps_per_second"][2:])  # 2 s warm-up
+    same = runs["tpcb_default"]
+    aa1 = [judge([a], [b]).keep for a, b in itertools.permutations(same, 2)]
+    aa2 = [
+        judge(same[i : i + 2], same[j : j + 2]).keep
+        for i in range(0, 8, 2)
+        for j in range(0, 8, 2)
+        if i != j
+    ]
+    wm4, wm16 = runs["sort_wm4MB"], runs["sort_wm16MB"]
+    eff1 = [judge([a], [b]) for a, b in itertools.product(wm4, wm16)]
+    return {
+        "tpcb_identical_1v1_false_keeps": f"{sum(aa1)}/{len(aa1)}",
+        "tpcb_identical_2v2_false_keeps": f"{sum(aa2)}/{len(aa2)}",
+        "work_mem_4MB_vs_16MB_1v1_kept": f"{sum(v.keep for v in eff1)}/{len(eff1)}",
+        "work_mem_4MB_vs_16MB_all_runs_gain_pct": _pct(judge(wm4, wm16).gain),
+    }
+
+
+# --- search -------------------------------------------------------------------------------------
+
+
+def tpe(surface: Surface, bench: Bench, seed: int, budget: int = BUDGET) -> tuple[Config, float]:
+    """Optuna's TPE: one run per trial, the start config enqueued first, best measured wins."""
+    import optuna  # bench-only extra
+
+    optuna.logging.set_verbosity(logging.WARNING)
+
+    def low(k: Knob) -> float:
+        return max(k.lower, k.floor, 1e-9) if k.step == "multiplicative" else k.lower
+
+    def config_of(trial: Any) -> Config:
+        out: Config = {}
+        for k in surface.space:
+            if k.kind in ("enum", "bool"):
+                out[k.name] = trial.suggest_categorical(k.name, list(k.choices))
+                continue
+            v = trial.suggest_float(k.name, low(k), k.upper, log=k.step == "multiplicative")
+            out[k.name] = k.format(float(round(v)) if k.kind == "integer" else v)
+        return out
+
+    def objective(trial: Any) -> float:
+        return float(np.median(bench.run(surface.true(config_of(trial)))))
+
+    sampler = optuna.samplers.TPESampler(seed=seed)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    start: dict[str, Any] = {}
+    for k in surface.space:
+        v = k.parse(surface.start[k.name])
+        start[k.name] = min(max(v, low(k)), k.upper) if isinstance(v, float) else v
+    study.enqueue_trial(start)
+    study.optimize(objective, n_trials=budget)
+    claimed = study.best_value / study.trials[0].value - 1
+    return config_of(optuna.trial.FixedTrial(study.best_params)), claimed
+
+
+def pgtune_start(surface: Surface) -> Config:
+    """The surface's start with PGTune's values (db type mixed, as the service uses it)."""
+    rec = pgtune(surface.hardware, "mixed")
+    out = dict(surface.start)
+    for k in surface.space:
+        if k.name in rec:
+            v = k.parse(rec[k.name])
+            out[k.name] = k.format(min(max(v, k.lower), k.upper) if isinstance(v, float) else v)
+    return out
+
+
+Result = tuple[Config, float | None]  # final config, gain over the start it claims
+
+
+def _methods(s: Surface, noise: Noise, with_tpe: bool) -> dict[str, Callable[[int], Result]]:
+    def descent(seed: int, start: Config | None = None, **kw: Any) -> Result:
+        opt = CoordinateDescent(s.space, start or s.start, max_trials=BUDGET, **kw)
+        bench = Bench(noise, seed)
+        while (cand := opt.suggest()) is not None:
+            opt.register(cand, bench.measure(s.true(cand.config)))
+        return opt.incumbent, opt.best_gain
+
+    methods: dict[str, Callable[[int], Result]] = {
+        "descent": descent,
+        "descent_no_skip_no_look_ahead": lambda seed: descent(seed, look_ahead=0, max_skips=0),
+        "naive_one_pass": lambda seed: (
+            naive_descent(s, Bench(noise, seed), max_trials=BUDGET)[0],
+            None,
+        ),
+        "random": lambda seed: random_search(
+            s, Bench(noise, seed), np.random.default_rng(seed), max_trials=BUDGET
+        ),
+        "descent_from_pgtune": lambda seed: descent(seed, start=pgtune_start(s)),
+    }
+    if with_tpe:
+        methods["optuna_tpe"] = lambda seed: tpe(s, Bench(noise, seed), seed)
+    return methods
+
+
+def search(seeds: int, noise: Noise, with_tpe: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for make in SURFACES:
+        s = make()
+        row: dict[str, Any] = {
+            "knobs": list(s.names),
+            "start_pct": _pct(s.quality(s.start)),
+            "pgtune_alone_pct": _pct(s.quality(pgtune_start(s))),
+        }
+        for name, run in _methods(s, noise, with_tpe).items():
+            results = [run(1000 + seed) for seed in range(seeds)]
+            q = [s.quality(cfg) for cfg, _ in results]
+            row[name] = {
+                "median_pct": _pct(float(np.median(q))),
+                "p10_pct": _pct(float(np.percentile(q, 10))),
+            }
+            start = pgtune_start(s) if name.endswith("pgtune") else s.start
+            over = [
+                claimed - (s.true(cfg) / s.true(start) - 1)
+                for cfg, claimed in results
+                if claimed is not None
+            ]
+            if over:  # how much the method's own measurement overstates the true gain
+                row[name]["median_overclaim_pp"] = _pct(float(np.median(over)))
+        out[s.name] = row
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    ap.add_argument("--no-tpe", action="store_true", help="skip Optuna TPE")
+    args = ap.parse_args()
+    t0 = time.monotonic()
+    noise = Noise()
+    reps = 20 if args.quick else 200
+    seeds = 5 if args.quick else 20
+
+    flat = flat_surface()
+    aa = session_verdicts(flat, range(reps), noise)
+    slope15, slope5 = slope_surface(0.15), slope_surface(0.05)
+    p15 = [k for g, k, _ in session_verdicts(slope15, range(reps), noise) if abs(g - 0.15) < 1e-6]
+    p5 = [k for g, k, _ in session_verdicts(slope5, range(reps), noise) if abs(g - 0.05) < 1e-6]
+    harsh = Noise(drift_sd=0.08, ar=0.5)
+    aa_harsh = session_verdicts(flat, range(reps), harsh)
+    n_rule = 2000 if not args.quick else 200
+    doc: dict[str, Any] = {
+        "noise": {
+            "per_second_cv": noise.cv,
+            "per_second_ar1": noise.ar,
+            "between_run_drift_sd": noise.drift_sd,
+            "drift_ar1_across_runs": noise.drift_ar,
+            "outlier_second_p": noise.outlier_p,
+            "seconds_per_run": noise.seconds,
+        },
+        "verdict": {
+            "a_a_false_keep_rate": {
+                "descent": round(float(np.mean([k for _, k, _ in aa])), 4),
+                "descent_verdicts": len(aa),
+                "naive_median_rose_1v1": round(naive_rule(noise, 0.0, n_rule, 7), 4),
+                "judge_fixed_3v3": round(fixed_design(noise, 0.0, 3, n_rule // 4, 8), 4),
+                "descent_harsh_noise_drift8_ar05": round(
+                    float(np.mean([k for _, k, _ in aa_harsh])), 4
+                ),
+            },
+            "power_kept_rate": {
+                "gain_15pct_descent": round(float(np.mean(p15)), 4),
+                "gain_15pct_verdicts": len(p15),
+                "gain_5pct_descent": round(float(np.mean(p5)), 4),
+                "gain_15pct_naive_median_rose_1v1": round(naive_rule(noise, 0.15, n_rule, 9), 4),
+                "gain_15pct_judge_fixed_3v3": round(
+                    fixed_design(noise, 0.15, 3, n_rule // 4, 10), 4
+                ),
+            },
+            "runs_per_no_op_candidate_mean": round(float(np.mean([r for _, _, r in aa])), 2),
+            "recorded_pgbench": recorded(),
+        },
+        "search": {
+            "budget_runs": BUDGET,
+            "seeds": seeds,
+            "note": "% of the true optimum (median over seeds); every method gets the same "
+            "40 benchmark runs; random/TPE/naive pick their best *measured* config",
+            "surfaces": search(seeds, noise, with_tpe=not args.no_tpe),
+        },
+    }
+    doc["runtime_s"] = round(time.monotonic() - t0, 1)
+    print(json.dumps(doc, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,360 @@
+"""Simulated pgbench runs on known response surfaces, shared by tests and bench/optimizer.py.
+
+Noise model (per run of ``seconds`` per-second samples, warm-up already dropped):
+
+* per-second log noise: AR(1) with coefficient ``ar`` (0.3: the recorded pgbench runs show
+  0.25-0.3) and stationary sd ``cv`` (~25% CV);
+* between-run drift: the run's log level follows its own AR(1) across runs (``drift_ar``)
+  with stationary sd ``drift_sd`` (5%: a run is within about +-8% of the true level 90%
+  of the time; DESIGN.md measured a 6.5% CV of run medians and 14% apart over 10 min);
+* outlier seconds: with probability ``outlier_p`` a second collapses to 10-50% (a
+  checkpoint stall).
+
+The true level of a config is its median throughput: the noise is median-neutral.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from optimizer.catalogue import GB, MB, Hardware, knob_space
+from optimizer.descent import CoordinateDescent, Measurement
+from optimizer.knobs import Config, Knob
+
+
+@dataclass(frozen=True)
+class Noise:
+    cv: float = 0.25
+    ar: float = 0.3
+    drift_sd: float = 0.05
+    drift_ar: float = 0.7
+    outlier_p: float = 0.02
+    seconds: int = 60
+
+
+class Bench:
+    """A noisy benchmark machine: ``run(level)`` returns per-second samples of one run."""
+
+    def __init__(self, noise: Noise, seed: int) -> None:
+        self.noise = noise
+        self.rng = np.random.default_rng(seed)
+        self.drift = float(self.rng.normal(0.0, noise.drift_sd))
+        self.runs = 0
+
+    def run(self, level: float) -> tuple[float, ...]:
+        nz, rng = self.noise, self.rng
+        self.drift = nz.drift_ar * self.drift + math.sqrt(1 - nz.drift_ar**2) * float(
+            rng.normal(0.0, nz.drift_sd)
+        )
+        z = rng.normal(0.0, nz.cv * math.sqrt(1 - nz.ar**2), nz.seconds)
+        e = np.empty(nz.seconds)
+        prev = float(rng.normal(0.0, nz.cv))
+        for i in range(nz.seconds):
+            prev = nz.ar * prev + z[i]
+            e[i] = prev
+        x = level * np.exp(self.drift + e)
+        stall = rng.random(nz.seconds) < nz.outlier_p
+        x[stall] *= rng.uniform(0.1, 0.5, int(stall.sum()))
+        self.runs += 1
+        return tuple(float(v) for v in x)
+
+    def measure(self, level: float) -> Measurement:
+        return Measurement(samples=self.run(level))
+
+
+# --- response surfaces --------------------------------------------------------------------
+
+
+def sat(x: float, mid: float, width: float) -> float:
+    """Logistic rise in log2(x) centred on ``mid`` (0 below, 1 above)."""
+    if x <= 0:
+        return 0.0
+    return 1.0 / (1.0 + math.exp(-(math.log2(x) - math.log2(mid)) / width))
+
+
+def interp_log2(x: float, points: Sequence[tuple[float, float]]) -> float:
+    """Piecewise-linear in log2(x) through (x, y) points, flat outside."""
+    lx = math.log2(max(x, 1e-12))
+    xs = [math.log2(p[0]) for p in points]
+    return float(np.interp(lx, xs, [p[1] for p in points]))
+
+
+Value = float | str
+
+
+@dataclass(frozen=True)
+class Term:
+    """A factor of the response that depends on a few knobs (two knobs: an interaction)."""
+
+    knobs: tuple[str, ...]
+    fn: Callable[..., float]
+
+
+@dataclass
+class Surface:
+    """A known response: true median tps = base * product of terms."""
+
+    name: str
+    hardware: Hardware
+    names: tuple[str, ...]
+    start: Config
+    base: float
+    terms: tuple[Term, ...]
+    grid: int = 160
+    space: list[Knob] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.space = knob_space(list(self.names), self.hardware)
+        self._knobs = {k.name: k for k in self.space}
+
+    def values(self, config: Mapping[str, str]) -> dict[str, Value]:
+        return {k.name: k.parse(config.get(k.name, k.default)) for k in self.space}
+
+    def true(self, config: Mapping[str, str]) -> float:
+        v = self.values(config)
+        out = self.base
+        for t in self.terms:
+            out *= t.fn(*(v[n] for n in t.knobs))
+        return out
+
+    def _axis(self, name: str) -> list[Value]:
+        k = self._knobs[name]
+        if k.kind in ("enum", "bool"):
+            return list(k.choices)
+        if k.step == "multiplicative":
+            lo = max(k.lower, k.floor, 1e-9)
+            pts: list[Value] = [float(x) for x in np.geomspace(lo, k.upper, self.grid)]
+            return [k.lower, *pts] if k.lower < lo else pts
+        return [float(x) for x in np.linspace(k.lower, k.upper, self.grid)]
+
+    @cached_property
+    def optimum(self) -> float:
+        """True optimum within the search bounds (terms have disjoint knobs: max each)."""
+        out = self.base
+        for t in self.terms:
+            axes = [self._axis(n) for n in t.knobs]
+            best = -math.inf
+            for combo in itertools.product(*axes):
+                best = max(best, t.fn(*combo))
+            out *= best
+        return out
+
+    def quality(self, config: Mapping[str, str]) -> float:
+        """True objective of ``config`` as a fraction of the optimum."""
+        return self.true(config) / self.optimum
+
+
+def _wal_buffers_bytes(pages: Value) -> float:
+    p = float(pages)
+    return 4 * MB if p < 0 else p * 8192  # -1 = auto: 1/32 of 128MB shared_buffers
+
+
+def oltp_surface() -> Surface:
+    """Write-heavy OLTP: shared_buffers (working set ~2GB) and max_wal_size dominate; the
+    checkpoint and WAL-buffer knobs move throughput by 1-2% at most."""
+    hw = Hardware(ram_bytes=16 * GB, cpus=4)
+    return Surface(
+        name="oltp-write",
+        hardware=hw,
+        names=("shared_buffers", "max_wal_size", "checkpoint_timeout", "wal_buffers",
+               "checkpoint_completion_target"),
+        start={"shared_buffers": "128MB", "max_wal_size": "1GB", "checkpoint_timeout": "5min",
+               "wal_buffers": "-1", "checkpoint_completion_target": "0.9"},
+        base=3000.0,
+        terms=(
+            # hit rate rises up to the working set, then double buffering costs a little
+            Term(("shared_buffers",), lambda sb: (1 + 0.45 * sat(float(sb) * 8192, 1 * GB, 1.0))
+                 * (1 - 0.05 * sat(float(sb) * 8192, 6 * GB, 0.4))),
+            Term(("max_wal_size",), lambda w: 1 + 0.25 * sat(float(w) * MB, 4 * GB, 0.8)),
+            Term(("checkpoint_timeout",), lambda s: 1 + 0.015 * sat(float(s), 900, 0.7)),
+            Term(("wal_buffers",), lambda p: 1 + 0.01 * sat(_wal_buffers_bytes(p), 8 * MB, 0.7)),
+            Term(("checkpoint_completion_target",), lambda c: 1 + 0.01 * (float(c) - 0.5)),
+        ),
+    )  # fmt: skip
+
+
+def reporting_surface() -> Surface:
+    """Sort-heavy reporting: work_mem with a dip (DESIGN.md: 6MB -12%, 16MB +40%), jit off
+    helps, and an interaction: effective_cache_size pays off mostly once random_page_cost
+    is low (the planner then picks index scans)."""
+    hw = Hardware(ram_bytes=16 * GB, cpus=4)
+    kb = 1024
+    wm_curve = [
+        (1 * MB / kb, 0.80), (2 * MB / kb, 0.90), (4 * MB / kb, 1.00), (8 * MB / kb, 0.88),
+        (11 * MB / kb, 1.10), (16 * MB / kb, 1.44), (24 * MB / kb, 1.46), (40 * MB / kb, 1.46),
+    ]  # fmt: skip
+
+    def ecs_rpc(rpc: Value, ecs: Value) -> float:
+        low_rpc = 1.0 / (1.0 + math.exp((float(rpc) - 2.0) / 0.4))
+        big_ecs = sat(float(ecs) * 8192, 8 * GB, 0.7)
+        return 1 + 0.05 * low_rpc + 0.04 * big_ecs + 0.14 * low_rpc * big_ecs
+
+    return Surface(
+        name="reporting-interaction",
+        hardware=hw,
+        names=("work_mem", "jit", "random_page_cost", "effective_cache_size",
+               "default_statistics_target"),
+        start={"work_mem": "4MB", "jit": "on", "random_page_cost": "4",
+               "effective_cache_size": "4GB", "default_statistics_target": "100"},
+        base=45.0,
+        terms=(
+            Term(("work_mem",), lambda v: interp_log2(float(v), wm_curve)),
+            Term(("jit",), lambda j: 1.06 if j == "off" else 1.0),
+            Term(("random_page_cost", "effective_cache_size"), ecs_rpc),
+            Term(("default_statistics_target",), lambda d: 1 + 0.005 * sat(float(d), 300, 0.5)),
+        ),
+    )  # fmt: skip
+
+
+def cliff_surface() -> Surface:
+    """A small box: shared_buffers past ~2.8GB and work_mem past ~56MB fall off a cliff
+    (swapping); max_wal_size helps moderately, the rest barely."""
+    hw = Hardware(ram_bytes=8 * GB, cpus=4, max_connections=25)
+    return Surface(
+        name="cliff",
+        hardware=hw,
+        names=("shared_buffers", "work_mem", "max_wal_size", "effective_io_concurrency",
+               "bgwriter_lru_maxpages", "checkpoint_completion_target"),
+        start={"shared_buffers": "128MB", "work_mem": "4MB", "max_wal_size": "1GB",
+               "effective_io_concurrency": "1", "bgwriter_lru_maxpages": "100",
+               "checkpoint_completion_target": "0.9"},
+        base=1500.0,
+        terms=(
+            Term(("shared_buffers",), lambda sb: (1 + 0.5 * sat(float(sb) * 8192, 512 * MB, 0.9))
+                 * (1 - 0.55 * sat(float(sb) * 8192, 2.8 * GB, 0.08))),
+            Term(("work_mem",), lambda v: (1 + 0.3 * sat(float(v) * 1024, 12 * MB, 0.8))
+                 * (1 - 0.6 * sat(float(v) * 1024, 56 * MB, 0.1))),
+            Term(("max_wal_size",), lambda w: 1 + 0.10 * sat(float(w) * MB, 3 * GB, 0.8)),
+            Term(("effective_io_concurrency",), lambda e: 1 + 0.015 * sat(float(e) + 1, 16, 1.0)),
+            Term(("bgwriter_lru_maxpages",), lambda b: 1 + 0.005 * sat(float(b) + 1, 400, 1.0)),
+            Term(("checkpoint_completion_target",), lambda c: 1 + 0.01 * (float(c) - 0.5)),
+        ),
+    )  # fmt: skip
+
+
+def flat_surface() -> Surface:
+    """Five knobs that do nothing: every candidate is a no-op (A/A)."""
+    base = oltp_surface()
+    return Surface(
+        name="flat",
+        hardware=base.hardware,
+        names=base.names,
+        start=base.start,
+        base=1000.0,
+        terms=(),
+    )
+
+
+def slope_surface(gain: float) -> Surface:
+    """One knob (max_wal_size from its lower bound, 256MB); every x2 step is ``gain`` better."""
+    hw = Hardware(ram_bytes=16 * GB, cpus=4)
+    return Surface(
+        name=f"slope{gain:+.0%}",
+        hardware=hw,
+        names=("max_wal_size",),
+        start={"max_wal_size": "256MB"},
+        base=1000.0,
+        terms=(Term(("max_wal_size",), lambda w: (1 + gain) ** math.log2(float(w) / 256)),),
+    )
+
+
+SURFACES: tuple[Callable[[], Surface], ...] = (oltp_surface, reporting_surface, cliff_surface)
+
+
+# --- drivers ---------------------------------------------------------------------------------
+
+
+def run_descent(
+    surface: Surface, bench: Bench, *, max_trials: int = 40, **kwargs: object
+) -> CoordinateDescent:
+    """Drive a CoordinateDescent against the simulator until it stops."""
+    opt = CoordinateDescent(surface.space, surface.start, max_trials=max_trials, **kwargs)  # type: ignore[arg-type]
+    while (cand := opt.suggest()) is not None:
+        opt.register(cand, bench.measure(surface.true(cand.config)))
+    return opt
+
+
+def _run_median(samples: Sequence[float]) -> float:
+    return float(np.median(samples))
+
+
+def naive_descent(surface: Surface, bench: Bench, *, max_trials: int = 40) -> tuple[Config, int]:
+    """The textbook method: one run per config, keep if the median rose, x2 steps, one pass."""
+    inc = {k.name: k.parse(surface.start.get(k.name, k.default)) for k in surface.space}
+
+    def cfg(vals: Mapping[str, Value]) -> Config:
+        return {k.name: k.format(vals[k.name]) for k in surface.space}
+
+    trials = 1
+    best = _run_median(bench.run(surface.true(cfg(inc))))
+    for k in surface.space:
+        moved = False
+        for direction in (1, -1):
+            if moved:
+                break
+            while trials < max_trials:
+                nxt = _naive_step(k, inc[k.name], direction)
+                if nxt is None:
+                    break
+                trial = {**inc, k.name: nxt}
+                m = _run_median(bench.run(surface.true(cfg(trial))))
+                trials += 1
+                if m > best:
+                    inc, best, moved = trial, m, True
+                else:
+                    break
+    return cfg(inc), trials
+
+
+def _naive_step(k: Knob, cur: Value, direction: int) -> Value | None:
+    if k.kind in ("enum", "bool"):
+        i = k.choices.index(str(cur)) + direction
+        return k.choices[i] if 0 <= i < len(k.choices) else None
+    c = float(cur)
+    if k.step == "multiplicative":
+        t = max(k.floor, k.lower) if c <= 0 or c < k.lower else c * k.step_size**direction
+    else:
+        t = c + direction * k.step_size
+    t = min(max(t, k.lower), k.upper)
+    if k.kind == "integer":
+        t = float(round(t))
+    return None if t == c or (t - c) * direction <= 0 else t
+
+
+def sample_config(surface: Surface, rng: np.random.Generator) -> Config:
+    """A uniformly random config (log-uniform for multiplicative knobs) within bounds."""
+    out: Config = {}
+    for k in surface.space:
+        if k.kind in ("enum", "bool"):
+            out[k.name] = k.choices[int(rng.integers(len(k.choices)))]
+            continue
+        if k.step == "multiplicative":
+            lo = max(k.lower, k.floor, 1e-9)
+            v = float(np.exp(rng.uniform(math.log(lo), math.log(k.upper))))
+        else:
+            v = float(rng.uniform(k.lower, k.upper))
+        out[k.name] = k.format(float(round(v)) if k.kind == "integer" else round(v, 3))
+    return out
+
+
+def random_search(
+    surface: Surface, bench: Bench, rng: np.random.Generator, *, max_trials: int = 40
+) -> tuple[Config, float]:
+    """Random configs, one run each (the start first). Returns the best *measured* config and
+    the gain it appears to have over the start (inflated by picking the luckiest run)."""
+    best: tuple[float, Config] | None = None
+    start_m = math.nan
+    for i in range(max_trials):
+        c = dict(surface.start) if i == 0 else sample_config(surface, rng)
+        m = _run_median(bench.run(surface.true(c)))
+        start_m = m if i == 0 else start_m
+        if best is None or m > best[0]:
+            best = (m, c)
+    assert best is not None
+    return best[1], best[0] / start_m - 1
