@@ -21,8 +21,8 @@ from app.postgres.target import (
     parse_conf,
     render_auto_conf,
 )
-from app.postgres.units import UnitError, normalize, same_value
-from optimizer.knobs import SettingRow
+from app.postgres.units import same_value
+from optimizer.knobs import Knob, KnobValueError, SettingRow
 
 KNOBS = ["work_mem", "max_wal_size", "shared_buffers", "maintenance_work_mem", "random_page_cost"]
 
@@ -305,10 +305,10 @@ def test_same_value(a: str, b: str, row: SettingRow, same: bool) -> None:
     assert same_value(a, b, row) is same
 
 
-def test_normalize_rejects_wrong_types() -> None:
-    with pytest.raises(UnitError):
-        normalize("banana", _row("integer", "kB"))
-    with pytest.raises(UnitError):
-        normalize("5min", _row("integer", "kB"))
-    with pytest.raises(UnitError):
-        normalize("o", _row("bool"))
+def test_values_of_the_wrong_type_are_rejected() -> None:
+    with pytest.raises(KnobValueError):
+        Knob.from_row(_row("integer", "kB")).parse("banana")
+    with pytest.raises(KnobValueError):
+        Knob.from_row(_row("integer", "kB")).parse("5min")
+    with pytest.raises(KnobValueError):
+        Knob.from_row(_row("bool")).parse("o")
