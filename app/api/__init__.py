@@ -1,0 +1,1 @@
+"""REST API routers, mounted under /api/v1."""

@@ -1,0 +1,517 @@
+"""The ``knobtune`` command line.
+
+Every command talks to the REST API: to a running service (``--server``) or to
+the same app run in-process (FastAPI's ASGI client starts it with its
+scheduler), so the CLI and the service share one code path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+DEMO_SORT_SQL = (
+    "\\set a random(1, 100000 * :scale - 60000)\n"
+    "SELECT aid FROM (SELECT aid, filler FROM pgbench_accounts "
+    "WHERE aid BETWEEN :a AND :a + 60000 ORDER BY filler DESC, aid) s OFFSET 59990;\n"
+)
+
+
+class CliError(Exception):
+    """One line for the user, saying what to do; printed without a traceback."""
+
+
+# -- API access --------------------------------------------------------------------
+class Api:
+    def __init__(self, client: httpx.Client) -> None:
+        self.client = client
+
+    def call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self.client.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise CliError(f"cannot reach the knobtune service: {exc}") from exc
+        if r.status_code >= 400:
+            raise CliError(_detail(r))
+        if r.headers.get("content-type", "").startswith("application/json"):
+            return r.json()
+        return r.text
+
+
+def _detail(r: httpx.Response) -> str:
+    try:
+        detail = r.json().get("detail")
+    except ValueError:
+        return f"HTTP {r.status_code}: {r.text[:300]}"
+    if isinstance(detail, list):  # pydantic validation errors
+        parts = []
+        for d in detail:
+            loc = ".".join(str(x) for x in d.get("loc", [])[1:])
+            parts.append(f"{loc}: {d.get('msg')}" if loc else str(d.get("msg")))
+        return "; ".join(parts)
+    return str(detail)
+
+
+@contextlib.contextmanager
+def connect(
+    server: str | None,
+    token: str | None,
+    *,
+    database_url: str | None = None,
+    work_dir: Path | None = None,
+) -> Iterator[Api]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if server:
+        with httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=60) as client:
+            yield Api(client)
+        return
+    with warnings.catch_warnings():
+        # Starlette nudges toward another HTTP client package; irrelevant to users here.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.settings import Settings
+
+    overrides: dict[str, Any] = {}
+    if database_url:
+        overrides["database_url"] = database_url
+    if work_dir:
+        overrides["work_dir"] = work_dir
+    settings = Settings(**overrides)
+    token = token or (settings.api_token.get_secret_value() if settings.api_token else None)
+    if token:
+        headers = {"Authorization": f"Bearer {token}"}
+    with TestClient(create_app(settings), headers=headers, raise_server_exceptions=False) as client:
+        yield Api(client)
+
+
+# -- live view ----------------------------------------------------------------------
+def follow(api: Api, session_id: int) -> dict[str, Any]:
+    """Show trials and progress until the session ends; Ctrl-C cancels it cleanly.
+
+    On a terminal: a live table with a progress bar. Otherwise (logs, pipes): one
+    line per finished trial, so the output reads well after the fact.
+    """
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    view = _LiveView(console) if console.is_terminal else _LineView(console)
+    interrupted = False
+
+    def on_sigint(_sig: int, _frame: Any) -> None:
+        nonlocal interrupted
+        interrupted = True
+
+    old = signal.signal(signal.SIGINT, on_sigint)
+    cancel_sent = False
+    try:
+        with view:
+            while True:
+                if interrupted and not cancel_sent:
+                    console.print("interrupted: cancelling; the target is being restored...")
+                    with contextlib.suppress(CliError):
+                        api.call("POST", f"/api/v1/sessions/{session_id}/cancel")
+                    cancel_sent = True
+                sess = api.call("GET", f"/api/v1/sessions/{session_id}")
+                trials = api.call("GET", f"/api/v1/sessions/{session_id}/trials")
+                view.update(sess, trials)
+                if sess["status"] in ("succeeded", "failed", "cancelled"):
+                    return dict(sess)
+                time.sleep(1.0)
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _trial_cells(t: dict[str, Any]) -> list[str]:
+    gain = f"{t['gain'] * 100:+.1f}%" if t["gain"] is not None else ""
+    med = t["samples"]["median_tps"]
+    verdict = t["verdict"] or ("failed" if t["error"] else "")
+    return [
+        str(t["index"]),
+        t["knob"] or f"({t['role']})",
+        t["value"] or "",
+        f"{med:.1f}" if med is not None else "-",
+        gain,
+        verdict,
+    ]
+
+
+def _progress_line(sess: dict[str, Any]) -> str:
+    prog = sess["progress"]
+    eta = f", ETA {prog['eta_s']:.0f} s" if prog["eta_s"] is not None else ""
+    now = f", now {sess['live_tps'][-1]:.0f} tps" if sess["live_tps"] else ""
+    return f"{prog['trials_done']}/{prog['trials_planned'] or '?'} trials{eta}{now}"
+
+
+class _LiveView:
+    def __init__(self, console: Any) -> None:
+        from rich.live import Live
+
+        self.live = Live(console=console, refresh_per_second=2)
+
+    def __enter__(self) -> _LiveView:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.__exit__(None, None, None)
+
+    def update(self, sess: dict[str, Any], trials: list[dict[str, Any]]) -> None:
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+
+        table = Table(title=f"session {sess['id']}: {sess['status']} - {sess['phase']}")
+        for col in ("#", "knob", "value", "median tps", "gain", "verdict"):
+            table.add_column(col, justify="right" if col in ("#", "median tps", "gain") else "left")
+        for t in trials[-15:]:
+            table.add_row(*_trial_cells(t))
+        prog = sess["progress"]
+        total = max(prog["trials_planned"] or 1, prog["trials_done"], 1)
+        bar = ProgressBar(total=total, completed=prog["trials_done"], width=40)
+        self.live.update(Group(table, bar, _progress_line(sess)))
+
+
+class _LineView:
+    def __init__(self, console: Any) -> None:
+        self.console = console
+        self.shown = 0
+        self.phase = ""
+
+    def __enter__(self) -> _LineView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, sess: dict[str, Any], trials: list[dict[str, Any]]) -> None:
+        for t in trials[self.shown :]:
+            idx, knob, value, med, gain, verdict = _trial_cells(t)
+            self.console.print(
+                f"trial {idx:>3}  {knob} {value}  {med} tps  {gain}  {verdict}  "
+                f"[{_progress_line(sess)}]",
+                highlight=False,
+            )
+        self.shown = len(trials)
+        if sess["phase"] != self.phase and sess["status"] != "running":
+            self.console.print(f"session {sess['id']}: {sess['status']} ({sess['phase']})")
+        self.phase = sess["phase"]
+
+
+def write_outputs(api: Api, session_id: int, out: Path) -> tuple[Path, Path]:
+    from app.chart import render_svg
+
+    out.mkdir(parents=True, exist_ok=True)
+    conf = out / "postgresql.conf"
+    conf.write_text(api.call("GET", f"/api/v1/sessions/{session_id}/config"))
+    sess = api.call("GET", f"/api/v1/sessions/{session_id}")
+    trials = api.call("GET", f"/api/v1/sessions/{session_id}/trials")
+    chart = out / "knobtune-chart.svg"
+    chart.write_text(
+        render_svg(
+            points_of(trials),
+            baseline=sess["baseline_tps"],
+            title=f"knobtune session {session_id}: throughput per trial",
+        )
+    )
+    return conf, chart
+
+
+def points_of(trials: list[dict[str, Any]]) -> list[Any]:
+    from app.chart import Point
+
+    return [
+        Point(
+            index=t["index"],
+            median_tps=t["samples"]["median_tps"],
+            role=t["role"],
+            label=f"{t['knob']}={t['value']}" if t["knob"] else t["role"],
+            verdict=t["verdict"],
+            failed=t["error"] is not None,
+        )
+        for t in trials
+    ]
+
+
+# -- commands ------------------------------------------------------------------------
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.db import upgrade
+    from app.settings import get_settings
+
+    upgrade(get_settings().database_url)
+    uvicorn.run(
+        "app.main:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_level=args.log_level,
+    )
+    return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from app.db import downgrade, upgrade
+    from app.settings import get_settings
+
+    url = get_settings().database_url
+    if args.action == "upgrade":
+        upgrade(url, args.revision or "head")
+    else:
+        downgrade(url, args.revision or "base")
+    default = "head" if args.action == "upgrade" else "base"
+    print(f"metadata DB {args.action}d to {args.revision or default}")
+    return 0
+
+
+def _session_body(args: argparse.Namespace, target_id: int) -> dict[str, Any]:
+    workload: dict[str, Any] = {
+        "clients": args.clients,
+        "jobs": min(args.jobs, args.clients),
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "scale": args.scale,
+        "init": not args.no_init,
+    }
+    if args.script:
+        workload["scripts"] = [{"sql": Path(f).read_text(), "weight": 1} for f in args.script]
+        workload["builtin"] = args.builtin
+    else:
+        workload["builtin"] = args.builtin or "tpcb-like"
+    body: dict[str, Any] = {
+        "target_id": target_id,
+        "workload": workload,
+        "max_trials": args.max_trials,
+        "min_gain": args.min_gain,
+        "on_finish": args.on_finish,
+    }
+    if args.knobs:
+        body["knobs"] = [k.strip() for k in args.knobs.split(",") if k.strip()]
+    if args.time_budget:
+        body["time_budget_s"] = args.time_budget
+    return body
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from app.postgres.sandbox import Sandbox
+
+    out = Path(args.out).resolve()
+    with tempfile.TemporaryDirectory(prefix="knobtune-demo-") as tmp:
+        print("creating a sandbox PostgreSQL cluster...", file=sys.stderr)
+        with Sandbox.create() as sandbox:
+            db_url = f"sqlite:///{tmp}/knobtune.db"
+            with connect(None, None, database_url=db_url, work_dir=Path(tmp)) as api:
+                target = api.call(
+                    "POST",
+                    "/api/v1/targets",
+                    json={
+                        "name": "demo",
+                        "dsn": sandbox.dsn,
+                        "restart_command": sandbox.restart_command,
+                        "data_dir": str(sandbox.data_dir),
+                    },
+                )
+                workload: dict[str, Any] = {
+                    "builtin": None,
+                    "scripts": [{"sql": DEMO_SORT_SQL, "weight": 1}],
+                    "scale": args.scale,
+                    "clients": args.clients,
+                    "jobs": min(2, args.clients),
+                    "duration_s": args.duration,
+                    "warmup_s": args.warmup,
+                }
+                body = {
+                    "target_id": target["id"],
+                    "knobs": args.knobs.split(","),
+                    "workload": workload,
+                    "workload_kind": "mixed",
+                    "max_trials": args.max_trials,
+                    "seed": args.seed,
+                }
+                sess = api.call("POST", "/api/v1/sessions", json=body)
+                print(
+                    f"session {sess['id']}: tuning {args.knobs} on a sort-heavy workload "
+                    f"({args.duration} s per run)",
+                    file=sys.stderr,
+                )
+                final = follow(api, sess["id"])
+                return _report(api, final, out)
+
+
+def _report(api: Api, final: dict[str, Any], out: Path) -> int:
+    if final["status"] == "cancelled":
+        print("cancelled: the target was restored", file=sys.stderr)
+        return 130
+    if final["status"] == "failed":
+        raise CliError(f"session failed: {final['error']}")
+    conf, chart = write_outputs(api, final["id"], out)
+    gain = final["gain"]
+    print(
+        f"baseline {final['baseline_tps']:.1f} tps -> best {final['best_tps']:.1f} tps "
+        f"({gain * 100:+.1f}%)"
+        if gain is not None
+        else "no measured gain"
+    )
+    print(f"recommended config: {conf}")
+    print(f"chart: {chart}")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    url = args.database_url
+    with connect(args.server, args.token, database_url=url) as api:
+        target = _find_or_create_target(api, args)
+        sess = api.call("POST", "/api/v1/sessions", json=_session_body(args, target["id"]))
+        print(f"session {sess['id']} started", file=sys.stderr)
+        if args.server and not args.follow:
+            print(sess["id"])
+            return 0
+        final = follow(api, sess["id"])
+        return _report(api, final, Path(args.out).resolve())
+
+
+def _find_or_create_target(api: Api, args: argparse.Namespace) -> dict[str, Any]:
+    name = args.name or f"target-{abs(hash(args.dsn)) % 10**8}"
+    for t in api.call("GET", "/api/v1/targets"):
+        if t["name"] == name:
+            return dict(t)
+    body: dict[str, Any] = {"name": name, "dsn": args.dsn, "restart_command": args.restart_command}
+    if args.ram_bytes:
+        body["ram_bytes"] = args.ram_bytes
+    if args.cpus:
+        body["cpus"] = args.cpus
+    return dict(api.call("POST", "/api/v1/targets", json=body))
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    with connect(args.server, args.token, database_url=args.database_url) as api:
+        rows = api.call("GET", "/api/v1/sessions", params={"limit": args.limit})
+    for s in rows:
+        gain = f"{s['gain'] * 100:+.1f}%" if s["gain"] is not None else "-"
+        status, target = s["status"], s["target_id"]
+        print(f"{s['id']:>5}  {status:<10} target {target:<4} gain {gain:>7}  {s['phase']}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    with connect(args.server, args.token, database_url=args.database_url) as api:
+        text = api.call("GET", f"/api/v1/sessions/{args.id}/config", params={"format": args.format})
+    sys.stdout.write(text if isinstance(text, str) else json.dumps(text, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="knobtune", description="Tune PostgreSQL knobs by noise-aware coordinate descent."
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the REST service (upgrades the metadata DB first)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--workers", type=int, default=1)
+    s.add_argument("--log-level", default="info")
+    s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser("db", help="migrate the metadata DB (KNOBTUNE_DATABASE_URL)")
+    s.add_argument("action", choices=["upgrade", "downgrade"])
+    s.add_argument("revision", nargs="?")
+    s.set_defaults(func=cmd_db)
+
+    s = sub.add_parser("demo", help="tune a throw-away sandbox cluster and write the results here")
+    s.add_argument("--out", default=".", help="where postgresql.conf and the chart go (default: .)")
+    s.add_argument("--knobs", default="work_mem", help="comma-separated knobs (default: work_mem)")
+    s.add_argument("--duration", type=int, default=12, help="seconds per benchmark run")
+    s.add_argument("--warmup", type=int, default=2)
+    s.add_argument("--clients", type=int, default=4)
+    s.add_argument("--scale", type=int, default=10)
+    s.add_argument("--max-trials", type=int, default=10)
+    s.add_argument("--seed", type=int, default=1)
+    s.set_defaults(func=cmd_demo)
+
+    def remote(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--server", help="URL of a running knobtune service (default: in-process)")
+        sp.add_argument("--token", default=os.environ.get("KNOBTUNE_API_TOKEN"))
+        sp.add_argument(
+            "--database-url", help="in-process: metadata DB (default KNOBTUNE_DATABASE_URL)"
+        )
+
+    s = sub.add_parser("tune", help="tune a real server")
+    s.add_argument(
+        "--dsn", required=True, help="libpq DSN of the target (superuser or ALTER SYSTEM rights)"
+    )
+    s.add_argument("--name", help="target name (default: derived from the DSN)")
+    s.add_argument(
+        "--restart-command",
+        help="shell command that restarts the target (else restart knobs are skipped)",
+    )
+    s.add_argument("--ram-bytes", type=int)
+    s.add_argument("--cpus", type=int)
+    s.add_argument(
+        "--knobs", help="comma-separated knobs (default: the catalogue's set for the workload)"
+    )
+    s.add_argument("--builtin", choices=["tpcb-like", "simple-update", "select-only"])
+    s.add_argument("--script", action="append", help="SQL script file for pgbench (repeatable)")
+    s.add_argument("--duration", type=int, default=60)
+    s.add_argument("--warmup", type=int, default=5)
+    s.add_argument("--clients", type=int, default=8)
+    s.add_argument("--jobs", type=int, default=2)
+    s.add_argument("--scale", type=int, default=10)
+    s.add_argument("--no-init", action="store_true", help="do not create pgbench tables")
+    s.add_argument("--max-trials", type=int, default=30)
+    s.add_argument("--time-budget", type=float)
+    s.add_argument("--min-gain", type=float, default=0.02)
+    s.add_argument("--on-finish", choices=["restore", "apply_best"], default="restore")
+    s.add_argument("--follow", action="store_true", help="with --server: show live progress")
+    s.add_argument("--out", default=".")
+    remote(s)
+    s.set_defaults(func=cmd_tune)
+
+    s = sub.add_parser("sessions", help="list sessions")
+    s.add_argument("--limit", type=int, default=20)
+    remote(s)
+    s.set_defaults(func=cmd_sessions)
+
+    s = sub.add_parser("export", help="print a session's recommended config")
+    s.add_argument("id", type=int)
+    s.add_argument("--format", choices=["conf", "sql", "json"], default="conf")
+    remote(s)
+    s.set_defaults(func=cmd_export)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CliError as exc:
+        print(f"knobtune: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        # Errors a user can cause arrive as our own types; anything else still
+        # gets one line (the service logs have the details).
+        from app.postgres.sandbox import PostgresNotInstalled
+
+        if isinstance(exc, PostgresNotInstalled | FileNotFoundError | PermissionError):
+            print(f"knobtune: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

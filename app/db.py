@@ -1,0 +1,77 @@
+"""Engine and sessions of the metadata DB; schema comes only from Alembic."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from importlib.resources import files
+from typing import Any, cast
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import CursorResult, Engine, Executable, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def changed_rows(s: Session, stmt: Executable) -> int:
+    """Rows an UPDATE/DELETE touched: the compare-and-set primitive of leases."""
+    return cast(CursorResult[Any], s.execute(stmt)).rowcount
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        # Worker threads and request threads share the file: WAL lets readers
+        # proceed during a write, busy_timeout makes writers wait, not fail.
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def alembic_config(url: str) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(files("migrations")))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str, revision: str = "base") -> None:
+    command.downgrade(alembic_config(url), revision)
+
+
+class Database:
+    """One engine plus a session factory; the app and workers share one instance."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self.sessionmaker = sessionmaker(self.engine, expire_on_commit=False)
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.engine.dialect.name == "postgresql"
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with self.sessionmaker() as s, s.begin():
+            yield s
+
+    def dispose(self) -> None:
+        self.engine.dispose()

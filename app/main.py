@@ -1,0 +1,99 @@
+"""The FastAPI application: wiring of settings, metadata DB, scheduler and routers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from sqlalchemy import func, select, text
+
+from app import db as dbmod
+from app.api.routes import router
+from app.models import Trial, TuningSession
+from app.scheduler import Scheduler
+from app.service import ServiceError, start_sandboxes
+from app.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        dbmod.upgrade(settings.database_url)
+        db = dbmod.Database(settings.database_url)
+        app.state.db = db
+        app.state.scheduler = None
+        if settings.run_scheduler:
+            start_sandboxes(db)
+            sched = Scheduler(db, settings)
+            sched.start()
+            app.state.scheduler = sched
+        try:
+            yield
+        finally:
+            if app.state.scheduler is not None:
+                app.state.scheduler.shutdown()
+            db.dispose()
+
+    app = FastAPI(
+        title="knobtune",
+        version="0.1.0",
+        description="Tunes a PostgreSQL server's knobs by noise-aware coordinate descent.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+
+    @app.exception_handler(ServiceError)
+    def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+        return JSONResponse(status_code=exc.status, content={"detail": exc.message})
+
+    app.include_router(router)
+
+    @app.get("/healthz", tags=["meta"])
+    def healthz(request: Request) -> dict[str, object]:
+        db: dbmod.Database = request.app.state.db
+        with db.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        sched: Scheduler | None = request.app.state.scheduler
+        return {
+            "status": "ok",
+            "instance": settings.instance_id,
+            "running_sessions": sorted(sched.running()) if sched else [],
+        }
+
+    @app.get("/metrics", response_class=PlainTextResponse, tags=["meta"])
+    def metrics(request: Request) -> str:
+        db: dbmod.Database = request.app.state.db
+        with db.session() as s:
+            by_status = dict(
+                s.execute(
+                    select(TuningSession.status, func.count()).group_by(TuningSession.status)
+                ).all()
+            )
+            trials = s.scalar(select(func.count(Trial.id))) or 0
+            bench_s = (
+                s.scalar(select(func.coalesce(func.sum(TuningSession.benchmark_s), 0.0))) or 0.0
+            )
+        lines = [
+            "# HELP knobtune_sessions Tuning sessions by status.",
+            "# TYPE knobtune_sessions gauge",
+        ]
+        for status in ("queued", "running", "succeeded", "failed", "cancelled"):
+            lines.append(f'knobtune_sessions{{status="{status}"}} {by_status.get(status, 0)}')
+        lines += [
+            "# HELP knobtune_trials_total Benchmark trials recorded.",
+            "# TYPE knobtune_trials_total counter",
+            f"knobtune_trials_total {trials}",
+            "# HELP knobtune_benchmark_seconds_total Seconds spent benchmarking.",
+            "# TYPE knobtune_benchmark_seconds_total counter",
+            f"knobtune_benchmark_seconds_total {float(bench_s):.3f}",
+        ]
+        return "\n".join(lines) + "\n"
+
+    return app

@@ -1,0 +1,171 @@
+"""ORM mapping of the metadata DB. The schema itself is created by Alembic only."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+# Session states where the session still holds its target.
+ACTIVE_STATUSES = ("queued", "running")
+FINAL_STATUSES = ("succeeded", "failed", "cancelled")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stores naive UTC (SQLite keeps no zone) and always hands back aware UTC."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given; use app.db.utcnow()")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: UTCDateTime,
+        dict[str, Any]: JSON,
+        list[Any]: JSON,
+    }
+
+
+class Target(Base):
+    __tablename__ = "targets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    # Stored as given (the runner needs the password); never rendered unmasked.
+    dsn: Mapped[str] = mapped_column(Text)
+    restart_command: Mapped[str | None] = mapped_column(Text)
+    data_dir: Mapped[str | None] = mapped_column(Text)
+    ram_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    cpus: Mapped[int | None] = mapped_column(Integer)
+    sandbox_dir: Mapped[str | None] = mapped_column(Text)  # managed local cluster
+    probe: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime]
+
+    sessions: Mapped[list[TuningSession]] = relationship(back_populates="target")
+
+
+class TuningSession(Base):
+    __tablename__ = "sessions"
+    __table_args__ = (
+        # At most one active session per target, enforced by the DB so two
+        # service processes racing on POST cannot both win.
+        Index(
+            "uq_sessions_one_active_per_target",
+            "target_id",
+            unique=True,
+            sqlite_where=text("status IN ('queued', 'running')"),
+            postgresql_where=text("status IN ('queued', 'running')"),
+        ),
+        Index("ix_sessions_status", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="RESTRICT"))
+    schedule_id: Mapped[int | None] = mapped_column(ForeignKey("schedules.id", ondelete="SET NULL"))
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    phase: Mapped[str] = mapped_column(String(200), default="queued")
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    seed: Mapped[int] = mapped_column(Integer)
+    # The target's settings before the first change; written before any change.
+    snapshot: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # What the target may be set to right now (recorded before each apply), so
+    # a crash leaves a record of the in-progress state.
+    applied: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    start_config: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    best_config: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    baseline_tps: Mapped[float | None] = mapped_column(Float)
+    best_tps: Mapped[float | None] = mapped_column(Float)
+    gain: Mapped[float | None] = mapped_column(Float)
+    trials_planned: Mapped[int | None] = mapped_column(Integer)
+    benchmark_s: Mapped[float] = mapped_column(Float, default=0.0)
+    live: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    notes: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    error: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None]
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+    target: Mapped[Target] = relationship(back_populates="sessions")
+    trials: Mapped[list[Trial]] = relationship(
+        back_populates="session", order_by="Trial.index", cascade="all, delete-orphan"
+    )
+
+
+class Trial(Base):
+    __tablename__ = "trials"
+    __table_args__ = (UniqueConstraint("session_id", "index", name="uq_trials_session_index"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    session_id: Mapped[int] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)  # 1, 2, ... in the order measured
+    role: Mapped[str] = mapped_column(String(16))  # baseline, candidate, incumbent
+    knob: Mapped[str | None] = mapped_column(String(100))
+    value: Mapped[str | None] = mapped_column(String(200))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    samples: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    p95_samples: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    median_tps: Mapped[float | None] = mapped_column(Float)
+    latency_mean_ms: Mapped[float | None] = mapped_column(Float)
+    latency_p95_ms: Mapped[float | None] = mapped_column(Float)
+    latency_p99_ms: Mapped[float | None] = mapped_column(Float)
+    failed_transactions: Mapped[int] = mapped_column(Integer, default=0)
+    verdict: Mapped[str | None] = mapped_column(
+        String(16)
+    )  # keep, revert, or null (more runs needed)
+    gain: Mapped[float | None] = mapped_column(Float)
+    p_value: Mapped[float | None] = mapped_column(Float)
+    reason: Mapped[str | None] = mapped_column(Text)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    timings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime]
+
+    session: Mapped[TuningSession] = relationship(back_populates="trials")
+
+
+class Schedule(Base):
+    """A recurring session: a template re-run on a cron or interval trigger."""
+
+    __tablename__ = "schedules"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
+    cron: Mapped[str | None] = mapped_column(String(100))
+    interval_s: Mapped[int | None] = mapped_column(Integer)
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    last_fired_at: Mapped[datetime | None]
+    last_result: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]

@@ -1,0 +1,208 @@
+"""Request and response bodies of the REST API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Builtin = Literal["tpcb-like", "simple-update", "select-only"]
+
+
+class TargetIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\- ]+$")
+    dsn: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2000,
+        description="libpq connection string or URI. Omit with sandbox=true.",
+    )
+    restart_command: str | None = Field(
+        default=None,
+        max_length=2000,
+        description="Shell command run on the service's host that restarts the target and "
+        "returns when done. Without it, knobs that need a restart are skipped.",
+    )
+    data_dir: str | None = Field(
+        default=None,
+        max_length=2000,
+        description="The target's data directory, when it is on this host "
+        "(lets knobtune validate a config with 'postgres -C' before a restart).",
+    )
+    ram_bytes: int | None = Field(default=None, ge=64 * 1024 * 1024, le=1 << 50)
+    cpus: int | None = Field(default=None, ge=1, le=4096)
+    sandbox: bool = Field(
+        default=False, description="Create a managed local PostgreSQL cluster for this target."
+    )
+
+    @model_validator(mode="after")
+    def _dsn_or_sandbox(self) -> TargetIn:
+        if self.sandbox and self.dsn:
+            raise ValueError("give either dsn or sandbox=true, not both")
+        if not self.sandbox and not self.dsn:
+            raise ValueError("dsn is required (or set sandbox=true for a managed local cluster)")
+        return self
+
+
+class TargetOut(BaseModel):
+    id: int
+    name: str
+    dsn: str  # password masked
+    restart_command: str | None
+    data_dir: str | None
+    ram_bytes: int | None
+    cpus: int | None
+    sandbox: bool
+    server_version: str | None
+    busy_session_id: int | None
+    created_at: datetime
+
+
+class ScriptIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sql: str = Field(max_length=100_000)
+    weight: int = Field(default=1, ge=1, le=1000)
+
+    @field_validator("sql")
+    @classmethod
+    def _not_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("script is empty: give at least one SQL statement")
+        return v
+
+
+class WorkloadIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    builtin: Builtin | None = "tpcb-like"
+    builtin_weight: int = Field(default=1, ge=1, le=1000)
+    scripts: list[ScriptIn] | None = Field(default=None, max_length=20)
+    scale: int = Field(default=10, ge=1, le=100_000)
+    init: bool = True
+    clients: int = Field(default=8, ge=1, le=1000)
+    jobs: int = Field(default=2, ge=1, le=1000)
+    duration_s: int = Field(default=60, ge=1, le=86_400)
+    warmup_s: int = Field(default=5, ge=0, le=3600)
+    protocol: Literal["simple", "extended", "prepared"] = "prepared"
+    rate: float | None = Field(default=None, gt=0, description="Target tps (pgbench -R).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkloadIn:
+        if self.jobs > self.clients:
+            raise ValueError(f"jobs ({self.jobs}) must not exceed clients ({self.clients})")
+        if self.warmup_s >= self.duration_s:
+            raise ValueError(
+                f"warmup_s ({self.warmup_s}) must be less than duration_s ({self.duration_s}): "
+                "warm-up seconds are dropped from the samples"
+            )
+        if self.builtin is None and not self.scripts:
+            raise ValueError("give a builtin script or at least one SQL script")
+        return self
+
+
+class KnobIn(BaseModel):
+    """A knob to tune, optionally with narrower bounds (PostgreSQL syntax, e.g. '64MB')."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=100)
+    min: str | None = Field(default=None, max_length=100)
+    max: str | None = Field(default=None, max_length=100)
+
+
+class SessionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    target_id: int
+    knobs: list[str | KnobIn] | None = Field(
+        default=None, max_length=60, description="Default: the catalogue's set for the workload."
+    )
+    workload: WorkloadIn = Field(default_factory=WorkloadIn)
+    workload_kind: Literal["write-heavy", "read-heavy", "mixed"] | None = None
+    objective: Literal["throughput", "latency_p95"] = "throughput"
+    min_gain: float = Field(default=0.02, ge=0.0, le=1.0)
+    max_p99_worsening: float | None = Field(default=None, ge=0.0, le=10.0)
+    max_trials: int = Field(default=30, ge=1, le=1000)
+    time_budget_s: float | None = Field(default=None, gt=0, le=7 * 86_400)
+    max_passes: int = Field(default=2, ge=1, le=6)
+    on_finish: Literal["restore", "apply_best"] = "restore"
+    allow_unsafe: bool = False
+    start: Literal["current", "heuristic"] = "current"
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+
+
+class Progress(BaseModel):
+    trials_done: int
+    trials_planned: int | None
+    elapsed_s: float | None
+    eta_s: float | None
+
+
+class SessionOut(BaseModel):
+    id: int
+    target_id: int
+    status: str
+    phase: str
+    progress: Progress
+    baseline_tps: float | None
+    best_tps: float | None
+    gain: float | None
+    best_config: dict[str, str] | None
+    live_tps: list[float]
+    error: str | None
+    attempts: int  # times a process started driving it (>1: resumed after a crash)
+    notes: list[Any]
+    request: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class TrialOut(BaseModel):
+    index: int
+    role: str
+    knob: str | None
+    value: str | None
+    config: dict[str, str]
+    samples: dict[str, Any]
+    verdict: str | None
+    gain: float | None
+    p_value: float | None
+    reason: str | None
+    metrics: dict[str, Any]
+    timings: dict[str, Any]
+    error: str | None
+    started_at: datetime
+    finished_at: datetime
+
+
+class ScheduleIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cron: str | None = Field(
+        default=None, max_length=100, description="Crontab line, e.g. '0 2 * * sun' (UTC)."
+    )
+    interval_s: int | None = Field(default=None, ge=60, le=366 * 86_400)
+    session: SessionIn
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> ScheduleIn:
+        if (self.cron is None) == (self.interval_s is None):
+            raise ValueError("give exactly one of cron or interval_s")
+        return self
+
+
+class ScheduleOut(BaseModel):
+    id: int
+    target_id: int
+    cron: str | None
+    interval_s: int | None
+    enabled: bool
+    last_fired_at: datetime | None
+    last_result: str | None
+    next_fire_at: datetime | None
+    request: dict[str, Any]

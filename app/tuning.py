@@ -1,0 +1,159 @@
+"""Adapts stored session requests to the optimizer, identically on first run and on resume.
+
+Everything here is deterministic given the stored request, the stored probe
+rows and the stored trials: that is what lets a restarted service rebuild the
+optimizer by replaying trials.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from app.schemas import KnobIn, SessionIn, WorkloadIn
+from optimizer.catalogue import Hardware, default_knobs, knob_space
+from optimizer.descent import Candidate, CoordinateDescent, Measurement
+from optimizer.heuristic import pgtune
+from optimizer.knobs import Config, Knob, KnobError, KnobValueError, SettingRow
+
+
+class RequestError(ValueError):
+    """A session request that cannot run as given; the message says what to change."""
+
+
+def workload_kind(body: SessionIn) -> str:
+    if body.workload_kind:
+        return body.workload_kind
+    wl = body.workload
+    if wl.scripts:
+        return "mixed"
+    return "read-heavy" if wl.builtin == "select-only" else "write-heavy"
+
+
+def rows_from_json(data: Mapping[str, Any]) -> dict[str, SettingRow]:
+    rows = {}
+    for name, r in data.items():
+        fields = dict(r)
+        if fields.get("enumvals") is not None:
+            fields["enumvals"] = tuple(fields["enumvals"])
+        rows[name] = SettingRow(**fields)
+    return rows
+
+
+def rows_to_json(rows: Mapping[str, SettingRow]) -> dict[str, Any]:
+    return {name: dataclasses.asdict(row) for name, row in rows.items()}
+
+
+def hardware_from(ram_bytes: int | None, cpus: int | None, max_connections: int = 100) -> Hardware:
+    if not ram_bytes or not cpus:
+        raise RequestError(
+            "the target's RAM and CPU count are unknown (it is not on this host): "
+            "register it with ram_bytes and cpus"
+        )
+    return Hardware(ram_bytes=ram_bytes, cpus=cpus, max_connections=max_connections)
+
+
+def build_space(body: SessionIn, rows: Mapping[str, SettingRow], hw: Hardware) -> list[Knob]:
+    """The knob space of a request: catalogue knobs narrowed to the server and the user's bounds."""
+    entries: Sequence[str | KnobIn] = body.knobs or default_knobs(workload_kind(body))  # type: ignore[arg-type]
+    names = [e if isinstance(e, str) else e.name for e in entries]
+    if len(set(names)) != len(names):
+        raise RequestError(f"a knob is listed twice in knobs: {names}")
+    try:
+        space = knob_space(names, hw, rows, allow_unsafe=body.allow_unsafe)
+    except KnobError as exc:
+        raise RequestError(str(exc)) from exc
+    by_name = {k.name: k for k in space}
+    for entry in entries:
+        if isinstance(entry, KnobIn) and (entry.min is not None or entry.max is not None):
+            by_name[entry.name] = _user_bounds(by_name[entry.name], entry)
+    return [by_name[n] for n in names]
+
+
+def _user_bounds(knob: Knob, entry: KnobIn) -> Knob:
+    if knob.kind not in ("integer", "real"):
+        raise RequestError(f"{knob.name} is a {knob.kind} knob: min/max do not apply")
+    try:
+        lo = knob.parse(entry.min) if entry.min is not None else knob.lower
+        hi = knob.parse(entry.max) if entry.max is not None else knob.upper
+    except KnobValueError as exc:
+        raise RequestError(str(exc)) from exc
+    if not isinstance(lo, float | int) or not isinstance(hi, float | int):
+        raise RequestError(f"{knob.name}: min/max must be numbers")
+    allowed = f"{knob.format(knob.lower)}..{knob.format(knob.upper)}"
+    if lo < knob.lower or hi > knob.upper:
+        raise RequestError(
+            f"{knob.name} bounds {entry.min}..{entry.max} leave the allowed range {allowed} "
+            "(server's pg_settings and the catalogue's safe bounds for this machine)"
+        )
+    if lo > hi:
+        raise RequestError(f"{knob.name}: min {entry.min} is above max {entry.max}")
+    return dataclasses.replace(knob, lower=float(lo), upper=float(hi))
+
+
+def canonical(knob: Knob, text: str) -> str:
+    return knob.format(knob.parse(text))
+
+
+def start_config(
+    body: SessionIn, space: Sequence[Knob], effective: Mapping[str, str], hw: Hardware
+) -> Config:
+    """The config the descent starts from: the server's current values, or PGTune-style."""
+    config: Config = {}
+    heuristic = pgtune(hw, "mixed") if body.start == "heuristic" else {}
+    for knob in space:
+        text = heuristic.get(knob.name) or effective.get(knob.name) or knob.default
+        value = knob.parse(text)
+        if isinstance(value, float | int):
+            value = min(max(value, knob.lower), knob.upper)
+        config[knob.name] = knob.format(value)
+    return config
+
+
+def make_optimizer(
+    body: SessionIn, space: Sequence[Knob], start: Config, seed: int
+) -> CoordinateDescent:
+    wl = body.workload
+    return CoordinateDescent(
+        space,
+        start,
+        seed=seed,
+        objective=body.objective,
+        min_gain=body.min_gain,
+        max_p99_worsening=body.max_p99_worsening,
+        max_trials=body.max_trials,
+        max_benchmark_s=body.time_budget_s,
+        run_seconds=float(wl.duration_s - wl.warmup_s),
+        max_passes=body.max_passes,
+    )
+
+
+def measurement(
+    samples: Sequence[float],
+    *,
+    p95_samples: Sequence[float] = (),
+    p95: float | None = None,
+    p99: float | None = None,
+    error: str | None = None,
+) -> Measurement:
+    return Measurement(
+        samples=tuple(samples),
+        latency_p95_ms=p95,
+        latency_p99_ms=p99,
+        latency_p95_samples=tuple(p95_samples),
+        failed=error is not None,
+        error=error,
+    )
+
+
+def describe(candidate: Candidate) -> str:
+    if candidate.role == "baseline":
+        return "baseline"
+    if candidate.role == "incumbent":
+        return "re-measuring the incumbent"
+    return f"measuring {candidate.knob}={candidate.value}"
+
+
+def bench_scripts(wl: WorkloadIn) -> list[tuple[str, int]] | None:
+    return [(s.sql, s.weight) for s in wl.scripts] if wl.scripts else None
