@@ -79,7 +79,7 @@ def connect(
         return
     with warnings.catch_warnings():
         # Starlette nudges toward another HTTP client package; irrelevant to users here.
-        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
         from fastapi.testclient import TestClient
 
     from app.main import create_app
@@ -314,6 +314,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="knobtune-demo-") as tmp:
         print("creating a sandbox PostgreSQL cluster...", file=sys.stderr)
         with Sandbox.create() as sandbox:
+            print(f"sandbox at {sandbox.root} (port {sandbox.port}); removed at the end",
+                  file=sys.stderr)
             db_url = f"sqlite:///{tmp}/knobtune.db"
             with connect(None, None, database_url=db_url, work_dir=Path(tmp)) as api:
                 target = api.call(
@@ -415,6 +417,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fail(exc: BaseException) -> None:
+    # One line, whatever the driver said: newlines and tabs from libpq folded.
+    print(f"knobtune: {' '.join(str(exc).split())}", file=sys.stderr)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="knobtune", description="Tune PostgreSQL knobs by noise-aware coordinate descent."
@@ -500,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except CliError as exc:
-        print(f"knobtune: {exc}", file=sys.stderr)
+        _fail(exc)
         return 2
     except Exception as exc:
         # Errors a user can cause arrive as our own types; anything else still
@@ -508,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         from app.postgres.sandbox import PostgresNotInstalled
 
         if isinstance(exc, PostgresNotInstalled | FileNotFoundError | PermissionError):
-            print(f"knobtune: {exc}", file=sys.stderr)
+            _fail(exc)
             return 2
         raise
 

@@ -1,0 +1,167 @@
+"""The knobtune command as a user runs it: help, the demo, Ctrl-C, one-line errors."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from app.postgres.sandbox import Sandbox, free_port
+
+CLI = [sys.executable, "-m", "app.cli"]
+COMMANDS = ["serve", "db", "demo", "tune", "sessions", "export"]
+
+
+def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+        timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def file_settings(dsn: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT sourcefile, name, setting, applied, error FROM pg_file_settings "
+            "ORDER BY sourcefile, seqno"
+        ).fetchall()
+
+
+def test_help_for_the_command_and_every_subcommand() -> None:
+    top = run("--help")
+    assert top.returncode == 0
+    for cmd in COMMANDS:
+        assert cmd in top.stdout
+        sub = run(cmd, "--help")
+        assert sub.returncode == 0, sub.stderr
+        assert f"usage: knobtune {cmd}" in sub.stdout
+
+
+def test_demo_writes_a_config_and_a_chart(tmp_path: Path) -> None:
+    res = run("demo", "--out", str(tmp_path / "out"), "--duration", "3", "--warmup", "1",
+              "--scale", "1", "--clients", "2", "--max-trials", "4", cwd=tmp_path, timeout=400)
+    assert res.returncode == 0, res.stderr[-3000:]
+    conf = (tmp_path / "out" / "postgresql.conf").read_text()
+    chart = (tmp_path / "out" / "knobtune-chart.svg").read_text()
+    assert conf.startswith("# knobtune recommendation")
+    assert "work_mem" in conf
+    trials = re.findall(r"^trial +\d+ ", res.stderr, flags=re.M)
+    assert len(trials) == 4  # one line per trial when not on a terminal
+    assert chart.count('class="trial"') == 4
+    assert f"recommended config: {tmp_path / 'out' / 'postgresql.conf'}" in res.stdout
+    sandbox_dir = re.search(r"sandbox at (\S+)", res.stderr)
+    assert sandbox_dir is not None
+    assert not Path(sandbox_dir.group(1)).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing else left behind
+
+
+def _wait_for_line(proc: subprocess.Popen[str], pattern: str, timeout: float) -> str:
+    assert proc.stderr is not None
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        seen += line
+        if re.search(pattern, line):
+            return seen
+    raise AssertionError(f"no line matching {pattern!r}: {seen[-2000:]}")
+
+
+def test_ctrl_c_during_tune_restores_the_target(tmp_path: Path) -> None:
+    with Sandbox.create() as sb:
+        with psycopg.connect(sb.dsn, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET work_mem = '8MB'")  # a pre-existing entry
+            conn.execute("SELECT pg_reload_conf()")
+        before = file_settings(sb.dsn)
+        env = {**os.environ, "KNOBTUNE_DATABASE_URL": f"sqlite:///{tmp_path / 'm.db'}",
+               "KNOBTUNE_WORK_DIR": str(tmp_path)}
+        proc = subprocess.Popen(
+            [*CLI, "tune", "--dsn", sb.dsn, "--knobs", "work_mem,max_wal_size", "--duration",
+             "30", "--warmup", "1", "--scale", "1", "--clients", "2", "--jobs", "1",
+             "--out", str(tmp_path)],
+            env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            _wait_for_line(proc, r"session \d+ started", 60)
+            # Let the first 30 s benchmark get going, then interrupt it.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not _benchmark_running(sb.dsn):
+                time.sleep(0.3)
+            assert _benchmark_running(sb.dsn)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            _out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 130, err[-2000:]
+        assert time.monotonic() - t0 < 25  # the benchmark was stopped, not waited out
+        assert "cancelled: the target was restored" in err
+        assert file_settings(sb.dsn) == before
+
+
+def _benchmark_running(dsn: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        n = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgbench'"
+        ).fetchone()
+    return bool(n and n[0] > 0)
+
+
+def test_ctrl_c_during_demo_removes_the_sandbox(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [*CLI, "demo", "--out", str(tmp_path / "out"), "--duration", "30", "--scale", "1",
+         "--clients", "2"],
+        cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        seen = _wait_for_line(proc, r"sandbox at ", 60)
+        _wait_for_line(proc, r"session \d+", 60)
+        time.sleep(4)  # inside the first benchmark
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    root = re.search(r"sandbox at (\S+)", seen)
+    assert root is not None
+    assert not Path(root.group(1)).exists()
+    assert not (tmp_path / "out" / "postgresql.conf").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["tune", "--dsn", "host=127.0.0.1 port={port} user=postgres connect_timeout=3"],
+         "cannot connect to the target"),
+        (["tune", "--dsn", "host=127.0.0.1 port=5432 user=postgres", "--knobs", "wrok_mem"],
+         "wrok_mem"),
+        (["export", "12345"], "no session 12345"),
+    ],
+)
+def test_user_errors_are_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
+    env = {**os.environ, "KNOBTUNE_DATABASE_URL": f"sqlite:///{tmp_path / 'm.db'}",
+           "KNOBTUNE_WORK_DIR": str(tmp_path), "KNOBTUNE_RUN_SCHEDULER": "false"}
+    args = [a.replace("{port}", str(free_port())) for a in args]
+    res = run(*args, env=env, timeout=120)
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("knobtune: ")
+    assert needle in lines[0]
+    assert "Traceback" not in res.stderr
+
+
+def test_missing_postgresql_is_one_line_saying_what_to_install(tmp_path: Path) -> None:
+    env = {**os.environ, "KNOBTUNE_PG_BINDIR": str(tmp_path / "no-postgres-here")}
+    res = run("demo", "--out", str(tmp_path), env=env, cwd=tmp_path)
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip() and "sandbox" not in ln]
+    assert len(lines) == 1, res.stderr
+    assert "apt-get install postgresql" in lines[0]
