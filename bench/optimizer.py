@@ -7,8 +7,10 @@ Run: ``.venv/bin/python bench/optimizer.py [--quick]``. Prints one JSON document
   same verdict on the recorded pgbench samples (tests/data/pgbench-noise.json);
 * search: final true throughput as % of each simulated surface's optimum after a budget
   of 40 benchmark runs (every run counts: baseline, candidate and incumbent re-runs),
-  median over 20 seeds, for the descent, the descent without look-ahead, the naive
-  one-pass method, random search and Optuna's TPE.
+  median over 20 seeds, for the descent (x4 then x2 steps), the descent with x2 steps
+  only, without skip and look-ahead, with PGTune's values as hints (from the server's
+  current values) and started from PGTune's config, the naive one-pass method, random
+  search and Optuna's TPE.
 
 The simulator lives in tests/optimizer/sim.py (one copy, shared with the tests).
 """
@@ -186,7 +188,11 @@ def _methods(s: Surface, noise: Noise, with_tpe: bool) -> dict[str, Callable[[in
 
     methods: dict[str, Callable[[int], Result]] = {
         "descent": descent,
-        "descent_no_skip_no_look_ahead": lambda seed: descent(seed, look_ahead=0, max_skips=0),
+        "descent_x2_steps_only": lambda seed: descent(seed, coarse=0),
+        "descent_no_skip_no_look_ahead": lambda seed: descent(
+            seed, look_ahead=0, max_skips=0, coarse=0
+        ),
+        "descent_with_pgtune_hints": lambda seed: descent(seed, hints=pgtune(s.hardware, "mixed")),
         "naive_one_pass": lambda seed: (
             naive_descent(s, Bench(noise, seed), max_trials=BUDGET)[0],
             None,
@@ -242,8 +248,11 @@ def main() -> None:
     flat = flat_surface()
     aa = session_verdicts(flat, range(reps), noise)
     slope15, slope5 = slope_surface(0.15), slope_surface(0.05)
-    p15 = [k for g, k, _ in session_verdicts(slope15, range(reps), noise) if abs(g - 0.15) < 1e-6]
-    p5 = [k for g, k, _ in session_verdicts(slope5, range(reps), noise) if abs(g - 0.05) < 1e-6]
+    # power at a known gain per candidate: x2 steps (coarse=0), each exactly +15% / +5%
+    v15 = session_verdicts(slope15, range(reps), noise, coarse=0)
+    v5 = session_verdicts(slope5, range(reps), noise, coarse=0)
+    p15 = [k for g, k, _ in v15 if abs(g - 0.15) < 1e-6]
+    p5 = [k for g, k, _ in v5 if abs(g - 0.05) < 1e-6]
     harsh = Noise(drift_sd=0.08, ar=0.5)
     aa_harsh = session_verdicts(flat, range(reps), harsh)
     n_rule = 2000 if not args.quick else 200

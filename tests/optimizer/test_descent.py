@@ -7,12 +7,14 @@ import pytest
 
 from optimizer.catalogue import GB, Hardware, knob_space
 from optimizer.descent import Candidate, CoordinateDescent, Measurement
+from optimizer.heuristic import pgtune
 from optimizer.knobs import Config, KnobError
 from tests.optimizer.sim import (
     SURFACES,
     Bench,
     Noise,
     Surface,
+    cliff_surface,
     flat_surface,
     naive_descent,
     oltp_surface,
@@ -45,16 +47,21 @@ def test_first_runs_are_the_baseline_and_suggest_is_idempotent() -> None:
     assert first.config == {k: s.start[k] for k in s.names}
 
 
+@pytest.mark.parametrize("hinted", [False, True])
 @pytest.mark.parametrize("cut", [0, 1, 5, 17, 29])
-def test_replay_rebuilds_the_same_state(cut: int) -> None:
+def test_replay_rebuilds_the_same_state(cut: int, hinted: bool) -> None:
     s = reporting_surface()
     kwargs: dict[str, object] = {"seed": 7, "max_trials": 40}
+    if hinted:
+        kwargs["hints"] = pgtune(s.hardware, "mixed")
     original = CoordinateDescent(s.space, s.start, **kwargs)  # type: ignore[arg-type]
     bench = Bench(Noise(), 3)
     log = []
     for _ in range(cut):
         cand = original.suggest()
-        assert cand is not None
+        if cand is None:  # (the hinted session may converge sooner)
+            assert hinted
+            break
         m = bench.measure(s.true(cand.config))
         original.register(cand, m)
         log.append((cand, m))
@@ -64,7 +71,8 @@ def test_replay_rebuilds_the_same_state(cut: int) -> None:
         rebuilt.register(cand, m)
     assert rebuilt.suggest() == original.suggest()
     assert rebuilt.incumbent == original.incumbent
-    assert rebuilt.trials_done == original.trials_done == cut
+    assert rebuilt.trials_done == original.trials_done == len(log)
+    assert len(log) == cut or hinted
     assert rebuilt.verdicts == original.verdicts
     # and both continue identically
     rest_a = drive(original, s, Bench(Noise(), 99))
@@ -139,10 +147,11 @@ def test_no_op_changes_are_rarely_kept_over_whole_sessions() -> None:
 
 def test_look_ahead_gets_past_the_work_mem_dip() -> None:
     # work_mem 8MB is 12% slower than 4MB, 16MB is 44% faster (DESIGN.md's shape)
+    # (with x2 steps: the default first pass steps x4, straight over the dip)
     s = reporting_surface()
-    with_la = [run_descent(s, Bench(Noise(), sd), max_trials=40) for sd in range(6)]
+    with_la = [run_descent(s, Bench(Noise(), sd), max_trials=40, coarse=0) for sd in range(6)]
     without = [
-        run_descent(s, Bench(Noise(), sd), max_trials=40, look_ahead=0, max_skips=0)
+        run_descent(s, Bench(Noise(), sd), max_trials=40, look_ahead=0, max_skips=0, coarse=0)
         for sd in range(6)
     ]
     wm = s.space[0]
@@ -161,7 +170,7 @@ def test_skipping_climbs_a_slope_of_small_steps() -> None:
         return [float(sb.parse(o.incumbent["shared_buffers"])) * 8 / 1024 for o in runs]
 
     assert sum(mb >= 1024 for mb in final_mb()) >= 4
-    assert sum(mb >= 1024 for mb in final_mb(max_skips=0)) <= 1
+    assert sum(mb >= 1024 for mb in final_mb(max_skips=0, coarse=0)) <= 1
 
 
 def test_search_beats_the_naive_method_and_never_ends_past_a_cliff() -> None:
@@ -277,7 +286,7 @@ def test_steps_from_off_and_auto_values() -> None:
     assert first == {
         "commit_delay": "10",  # x2 from 0 never moves: the first step goes to the floor
         "wal_buffers": "16MB",  # -1 (auto, at most 16MB): up means 16MB
-        "effective_io_concurrency": "2",
+        "effective_io_concurrency": "4",  # x4: the first pass steps coarsely
     }
 
 
@@ -289,3 +298,89 @@ def test_bad_arguments() -> None:
         CoordinateDescent(s.space, s.start, objective="tps")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="shared_buffers"):
         CoordinateDescent(s.space, {**s.start, "shared_buffers": "lots"})
+
+
+def test_first_pass_steps_coarsely_then_finer() -> None:
+    # x4 in the first pass (a big effect is cheap to prove), x2 in the second
+    hw = Hardware(ram_bytes=16 * GB, cpus=4)
+    space = knob_space(["shared_buffers"], hw)
+    opt = CoordinateDescent(space, {"shared_buffers": "128MB"}, max_trials=None, max_passes=2)
+    seen: list[tuple[int, str]] = []
+    level = 1000.0
+    while (cand := opt.suggest()) is not None:
+        if cand.role == "candidate":
+            seen.append((opt._pass, cand.value or ""))
+        sb = float(space[0].parse(cand.config["shared_buffers"])) * 8 / 1024
+        level = 1000.0 if sb != 512 else 2000.0  # only 512MB helps, hugely
+        opt.register(
+            cand, Measurement(samples=tuple(level * (1 + 0.01 * (i % 3)) for i in range(30)))
+        )
+    assert seen[0] == (0, "512MB")
+    assert opt.incumbent["shared_buffers"] == "512MB"
+    second = [v for p, v in seen if p == 1]
+    assert second[:2] == ["1GB", "256MB"]  # the second pass refines with x2 around it
+    old = CoordinateDescent(space, {"shared_buffers": "128MB"}, coarse=0)
+    first = old.suggest()
+    assert first is not None
+    assert first.role == "baseline"
+    old.register(first, Measurement(samples=(1000.0,) * 30))
+    old.register(old.suggest(), Measurement(samples=(1000.0,) * 30))  # type: ignore[arg-type]
+    nxt = old.suggest()
+    assert nxt is not None
+    assert nxt.value == "256MB"
+
+
+def test_joint_hints_are_proven_first_and_the_walk_goes_on_from_them() -> None:
+    s = reporting_surface()
+    hints = pgtune(s.hardware, "mixed")
+    q, q_plain = [], []
+    for sd in range(4):
+        opt = CoordinateDescent(s.space, s.start, max_trials=40, hints=hints)
+        log = drive(opt, s, Bench(Noise(), 200 + sd))
+        first = next(c for c, _ in log if c.role == "candidate")
+        assert first.knob is None
+        assert (first.value or "").startswith("hints: ")
+        assert first.config["jit"] == "off"
+        assert first.config["random_page_cost"] == "1.1"
+        q.append(s.quality(opt.incumbent))
+        q_plain.append(s.quality(run_descent(s, Bench(Noise(), 200 + sd)).incumbent))
+        # the joint verdict is recorded without a knob name; gains stay per knob
+        assert opt.verdicts[0][1] == ""
+    assert np.median(q) >= 0.93
+    assert np.median(q) > np.median(q_plain) + 0.05
+
+
+def test_bad_hints_are_rejected_and_never_kept_past_a_cliff() -> None:
+    s = cliff_surface()
+    bad = {"shared_buffers": "3276MB", "work_mem": "100MB"}  # both past their cliff
+    for sd in range(3):
+        opt = CoordinateDescent(s.space, s.start, max_trials=40, hints=bad)
+        log = drive(opt, s, Bench(Noise(), 300 + sd))
+        assert opt.verdicts[0][1] == ""
+        assert not opt.verdicts[0][3].keep
+        tried = [c.knob for c, _ in log if c.role == "candidate"]
+        assert "shared_buffers" in tried  # the walk still tunes the hinted knobs
+        assert s.quality(opt.incumbent) >= s.quality(s.start)
+        assert float(s.space[0].parse(opt.incumbent["shared_buffers"])) * 8192 < 2.8 * GB
+
+
+def test_exclude_withdraws_a_joint_run_with_that_knob() -> None:
+    s = oltp_surface()
+    opt = CoordinateDescent(
+        s.space, s.start, max_trials=40, hints={"shared_buffers": "4GB", "max_wal_size": "4GB"}
+    )
+    for _ in range(2):
+        c = opt.suggest()
+        assert c is not None
+        assert c.role == "baseline"
+        opt.register(c, Measurement(samples=(1000.0,) * 30))
+    c = opt.suggest()
+    assert c is not None
+    assert c.knob is None
+    assert c.config["shared_buffers"] == "4GB"
+    opt.exclude("shared_buffers", "needs a restart")
+    c = opt.suggest()
+    assert c is not None
+    assert c.config["shared_buffers"] == "128MB"
+    assert c.knob == "max_wal_size"
+    assert c.value == "4GB"
