@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +30,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.postgres.sandbox import Sandbox, free_port  # noqa: E402
+from app.postgres.sandbox import Sandbox  # noqa: E402
+from tests.helpers import ServiceProcess  # noqa: E402
 
 
 async def poller(
@@ -95,41 +95,12 @@ def main() -> int:
     )
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "api_load.json"))
     args = p.parse_args()
-    with (
-        tempfile.TemporaryDirectory(prefix="knobtune-load-") as tmp,
-        Sandbox.create() as sb,
-        Path(tmp, "service.log").open("ab") as log,
-    ):
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        env = {
-            **os.environ,
-            "KNOBTUNE_DATABASE_URL": f"sqlite:///{tmp}/meta.db",
-            "KNOBTUNE_WORK_DIR": tmp,
-        }
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "app.cli",
-                "serve",
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    with tempfile.TemporaryDirectory(prefix="knobtune-load-") as tmp, Sandbox.create() as sb:
+        service = ServiceProcess(Path(tmp))
+        service.start()
+        url = service.url
         try:
             api = httpx.Client(base_url=url, timeout=30)
-            for _ in range(100):
-                try:
-                    if api.get("/healthz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.3)
             tid = api.post("/api/v1/targets", json={"name": "load", "dsn": sb.dsn}).json()["id"]
             sid = api.post(
                 "/api/v1/sessions",
@@ -154,8 +125,7 @@ def main() -> int:
             state = api.get(f"/api/v1/sessions/{sid}").json()
             api.post(f"/api/v1/sessions/{sid}/cancel")
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            service.stop()
     result: dict[str, Any] = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "clients": args.clients,

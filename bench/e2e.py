@@ -26,7 +26,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,10 +41,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.postgres.pgbench import BenchSpec, run_bench  # noqa: E402
-from app.postgres.sandbox import Sandbox, free_port  # noqa: E402
+from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
 from optimizer.catalogue import CATALOGUE, Hardware  # noqa: E402
 from optimizer.heuristic import pgtune  # noqa: E402
+from tests.helpers import ServiceProcess  # noqa: E402
 
 # W2's reporting query: sorts a 60,000-row range of pgbench_accounts by a wide column, so
 # work_mem decides between an in-memory sort and a spill to disk (DESIGN.md: ~39-48 tps at
@@ -76,50 +76,6 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "kind": "mixed",
     },
 }
-
-
-class Service:
-    """`knobtune serve` in a subprocess: the same service a user runs."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {
-            **os.environ,
-            "KNOBTUNE_DATABASE_URL": f"sqlite:///{tmp / 'meta.db'}",
-            "KNOBTUNE_WORK_DIR": str(tmp),
-        }
-        self.log = (tmp / "service.log").open("ab")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "app.cli",
-                "serve",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "warning",
-            ],
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        raise RuntimeError("the service did not start; see service.log")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 def tune(
@@ -243,7 +199,8 @@ def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
     spec = WORKLOADS[name]
     print(f"{name}: {spec['description']}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix=f"knobtune-e2e-{name}-") as tmp, Sandbox.create() as sb:
-        service = Service(Path(tmp))
+        service = ServiceProcess(Path(tmp))
+        service.start()
         try:
             api = httpx.Client(base_url=service.url, timeout=120)
             target = api.post(

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.postgres.sandbox import Sandbox, free_port
 from app.settings import Settings
+from tests.helpers import file_settings
 
 QUICK_WORKLOAD = {
     "builtin": "tpcb-like",
@@ -24,14 +25,6 @@ QUICK_WORKLOAD = {
     "warmup_s": 1,
     "protocol": "prepared",
 }
-
-
-def file_settings(dsn: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute(
-            "SELECT sourcefile, name, setting, applied, error FROM pg_file_settings "
-            "ORDER BY sourcefile, seqno"
-        ).fetchall()
 
 
 def wait_for(

@@ -9,12 +9,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 
 from app.postgres.sandbox import Sandbox, free_port
+from tests.helpers import file_settings
 
 CLI = [sys.executable, "-m", "app.cli"]
 COMMANDS = ["serve", "db", "demo", "tune", "sessions", "export"]
@@ -24,14 +24,6 @@ def run(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
         timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
-
-
-def file_settings(dsn: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute(
-            "SELECT sourcefile, name, setting, applied, error FROM pg_file_settings "
-            "ORDER BY sourcefile, seqno"
-        ).fetchall()
 
 
 def test_help_for_the_command_and_every_subcommand() -> None:

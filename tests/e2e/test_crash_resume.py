@@ -2,86 +2,21 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
-import psycopg
 import pytest
 
-from app.postgres.sandbox import Sandbox, free_port
-
-
-def file_settings(dsn: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute(
-            "SELECT sourcefile, name, setting, applied, error FROM pg_file_settings "
-            "ORDER BY sourcefile, seqno"
-        ).fetchall()
-
-
-class Service:
-    def __init__(self, tmp: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {
-            **os.environ,
-            "KNOBTUNE_DATABASE_URL": f"sqlite:///{tmp / 'meta.db'}",
-            "KNOBTUNE_WORK_DIR": str(tmp),
-            "KNOBTUNE_LEASE_SECONDS": "3",
-            "KNOBTUNE_POLL_SECONDS": "0.5",
-        }
-        self.log = (tmp / "service.log").open("ab")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "app.cli",
-                "serve",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "warning",
-            ],
-            env=self.env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        raise AssertionError("service did not start")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+from app.postgres.sandbox import Sandbox
+from tests.helpers import ServiceProcess, file_settings
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[Service]:
-    svc = Service(tmp_path)
+def service(tmp_path: Path) -> Iterator[ServiceProcess]:
+    # Short lease: the restarted process takes the orphaned session over quickly.
+    svc = ServiceProcess(tmp_path, KNOBTUNE_LEASE_SECONDS="3", KNOBTUNE_POLL_SECONDS="0.5")
     svc.start()
     try:
         yield svc
@@ -89,7 +24,7 @@ def service(tmp_path: Path) -> Iterator[Service]:
         svc.stop()
 
 
-def test_sigkill_during_benchmark_then_resume(service: Service) -> None:
+def test_sigkill_during_benchmark_then_resume(service: ServiceProcess) -> None:
     with Sandbox.create() as sandbox:
         before = file_settings(sandbox.dsn)
         api = httpx.Client(base_url=service.url, timeout=30)

@@ -1,0 +1,77 @@
+"""Helpers shared by tests and bench scripts: the service as a user runs it, target state."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import psycopg
+
+from app.postgres.sandbox import free_port
+
+
+def file_settings(dsn: str) -> list[tuple[Any, ...]]:
+    """The target's configuration files as the server reads them: what 'restored' means."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT sourcefile, name, setting, applied, error FROM pg_file_settings "
+            "ORDER BY sourcefile, seqno"
+        ).fetchall()
+
+
+class ServiceProcess:
+    """`knobtune serve` in a subprocess on a free loopback port, SQLite metadata in ``tmp``."""
+
+    def __init__(self, tmp: Path, **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "KNOBTUNE_DATABASE_URL": f"sqlite:///{tmp / 'meta.db'}",
+            "KNOBTUNE_WORK_DIR": str(tmp),
+            **env,
+        }
+        self.log_path = tmp / "service.log"
+        self._log: IO[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60) -> None:
+        self._log = self.log_path.open("ab")
+        argv = [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port)]
+        self.proc = subprocess.Popen(
+            [*argv, "--log-level", "warning"],
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise RuntimeError(f"the service did not start; see {self.log_path}")
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup of any kind, as in a crash."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
