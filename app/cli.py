@@ -212,7 +212,7 @@ class _LineView:
 
 
 def write_outputs(api: Api, session_id: int, out: Path) -> tuple[Path, Path]:
-    from app.chart import render_svg
+    from app.chart import points_of, render_svg
 
     out.mkdir(parents=True, exist_ok=True)
     conf = out / "postgresql.conf"
@@ -228,22 +228,6 @@ def write_outputs(api: Api, session_id: int, out: Path) -> tuple[Path, Path]:
         )
     )
     return conf, chart
-
-
-def points_of(trials: list[dict[str, Any]]) -> list[Any]:
-    from app.chart import Point
-
-    return [
-        Point(
-            index=t["index"],
-            median_tps=t["samples"]["median_tps"],
-            role=t["role"],
-            label=f"{t['knob']}={t['value']}" if t["knob"] else t["role"],
-            verdict=t["verdict"],
-            failed=t["error"] is not None,
-        )
-        for t in trials
-    ]
 
 
 # -- commands ------------------------------------------------------------------------

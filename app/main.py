@@ -16,6 +16,7 @@ from app.models import Trial, TuningSession
 from app.scheduler import Scheduler
 from app.service import ServiceError, start_sandboxes
 from app.settings import Settings, get_settings
+from app.web.routes import router as web_router
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse(status_code=exc.status, content={"detail": exc.message})
 
     app.include_router(router)
+    app.include_router(web_router)
 
     @app.get("/healthz", tags=["meta"])
     def healthz(request: Request) -> dict[str, object]:

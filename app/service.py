@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app.db import Database, utcnow
 from app.models import ACTIVE_STATUSES, Schedule, Target, Trial, TuningSession
-from app.postgres.sandbox import PostgresNotInstalled, Sandbox
+from app.postgres.sandbox import PostgresNotInstalled, Sandbox, SandboxError
 from app.postgres.target import ConnectError, TargetController, TargetError, mask_dsn
 from app.schemas import (
     Progress,
@@ -62,7 +62,7 @@ def create_target(db: Database, settings: Settings, body: TargetIn) -> Target:
         )
         try:
             sandbox = Sandbox.create(root)
-        except PostgresNotInstalled as exc:
+        except (PostgresNotInstalled, SandboxError) as exc:
             raise ServiceError(422, str(exc)) from exc
         dsn, restart, data_dir = sandbox.dsn, sandbox.restart_command, str(sandbox.data_dir)
     try:
