@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi_offline import FastAPIOffline
 from fastapi.responses import JSONResponse, PlainTextResponse
 from sqlalchemy import func, select, text
 
@@ -42,7 +43,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 app.state.scheduler.shutdown()
             db.dispose()
 
-    app = FastAPI(
+    # FastAPIOffline serves /docs from assets bundled in its package: no CDN, so the API
+    # docs work on a machine without internet, like the rest of the service.
+    app = FastAPIOffline(
         title="knobtune",
         version="0.1.0",
         description="Tunes a PostgreSQL server's knobs by noise-aware coordinate descent.",

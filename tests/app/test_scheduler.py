@@ -157,4 +157,8 @@ def test_healthz_metrics_and_catalogue(tmp_path: Path) -> None:
         knobs = c.get("/api/v1/knobs").json()
         assert len(knobs) >= 20
         assert {"shared_buffers", "work_mem", "max_wal_size"} <= {k["name"] for k in knobs}
-        assert c.get("/docs").status_code == 200
+        docs = c.get("/docs")
+        assert docs.status_code == 200
+        # Served from the package, not a CDN: the docs work without internet.
+        assert "cdn" not in docs.text.lower()
+        assert c.get("/static-offline-docs/swagger-ui-bundle.js").status_code == 200
