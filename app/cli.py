@@ -115,7 +115,8 @@ def follow(api: Api, session_id: int) -> dict[str, Any]:
         nonlocal interrupted
         interrupted = True
 
-    old = signal.signal(signal.SIGINT, on_sigint)
+    # SIGTERM (timeout, systemd, kill) gets the same clean cancel as Ctrl-C.
+    old = {sig: signal.signal(sig, on_sigint) for sig in (signal.SIGINT, signal.SIGTERM)}
     cancel_sent = False
     try:
         with view:
@@ -132,7 +133,8 @@ def follow(api: Api, session_id: int) -> dict[str, Any]:
                     return dict(sess)
                 time.sleep(1.0)
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def _trial_cells(t: dict[str, Any]) -> list[str]:
@@ -486,13 +488,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _terminate(_sig: int, _frame: Any) -> None:
+    # Outside the live view, SIGTERM unwinds like Ctrl-C so that with-blocks clean up
+    # (a demo sandbox is removed, never orphaned).
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         return int(args.func(args))
     except CliError as exc:
         _fail(exc)
         return 2
+    except KeyboardInterrupt:
+        print("knobtune: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:
         # Errors a user can cause arrive as our own types; anything else still
         # gets one line (the service logs have the details).

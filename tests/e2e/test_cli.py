@@ -106,7 +106,8 @@ def _benchmark_running(dsn: str) -> bool:
     return bool(n and n[0] > 0)
 
 
-def test_ctrl_c_during_demo_removes_the_sandbox(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_the_demo_removes_the_sandbox(tmp_path: Path, sig: signal.Signals) -> None:
     proc = subprocess.Popen(
         [*CLI, "demo", "--out", str(tmp_path / "out"), "--duration", "30", "--scale", "1",
          "--clients", "2"],
@@ -115,7 +116,7 @@ def test_ctrl_c_during_demo_removes_the_sandbox(tmp_path: Path) -> None:
         seen = _wait_for_line(proc, r"sandbox at ", 60)
         _wait_for_line(proc, r"session \d+", 60)
         time.sleep(4)  # inside the first benchmark
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _out, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
