@@ -57,6 +57,7 @@ class ServiceProcess:
                     return
             except httpx.HTTPError:
                 time.sleep(0.2)
+        self.stop()  # never leave a half-started service behind
         raise RuntimeError(f"the service did not start; see {self.log_path}")
 
     def kill(self) -> None:
