@@ -2,9 +2,30 @@
 
 Order of writes is the safety argument: the snapshot is committed before the
 first change; the config about to be applied is committed (``applied``) before
-each apply; every trial row is committed before the next trial starts. A crash
-at any point therefore leaves enough in the metadata DB to resume (replay the
-stored trials into a fresh optimizer) or to restore the target.
+each apply, and marked ``restarting`` before a restart; every trial row is
+committed before the next trial starts. A crash at any point therefore leaves
+enough in the metadata DB to resume (replay the stored trials into a fresh
+optimizer) or to restore the target.
+
+Guards and faults (README, "Reliability"):
+
+* A candidate that would not fit the target's RAM (``optimizer.guard.memory_guard``)
+  is never applied; one whose throughput collapses or whose transactions fail
+  (``ThroughputWatch``) is stopped early and the incumbent is applied again. Both
+  are stored with verdict ``"rejected"``, the guard's text as ``reason`` and no
+  ``error``, and registered as failed measurements, so the descent narrows that
+  knob's bound. Failures (apply error, pgbench failed, target down) keep the
+  text in ``error``.
+* The target goes down: the trial is stored as failed, the runner polls it with
+  backoff for ``target_retry_s``, then applies the incumbent and goes on, or
+  fails the session. The final restore waits for an unreachable target (up to
+  ``RESTORE_WAIT_S``) while the session keeps the target busy.
+* The metadata DB goes away: every write is retried with backoff for up to
+  ``METADATA_RETRY_S`` (the session pauses, nothing is half-written: a trial is
+  one transaction); beyond that the target is restored without the DB and the
+  session is left for a process to resume once the DB is back.
+* A crash during a restart: the next process sees ``applied.restarting``; if the
+  target is still down it is started with the snapshot's entries.
 """
 
 from __future__ import annotations
@@ -17,15 +38,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import psycopg
 from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
 from app.db import Database, changed_rows, utcnow
 from app.models import Trial, TuningSession
-from app.postgres.pgbench import BenchResult, BenchSpec, init_data, run_bench
-from app.postgres.target import Snapshot, TargetController, TargetError, mask_dsn
+from app.postgres.dsn import scrub
+from app.postgres.pgbench import BenchResult, BenchSpec, ProgressSample, init_data, run_bench
+from app.postgres.target import ConnectError, Snapshot, TargetController, TargetError
 from app.schemas import SessionIn
 from app.settings import Settings
 from app.tuning import (
@@ -41,11 +66,24 @@ from app.tuning import (
 )
 from optimizer.catalogue import CATALOGUE
 from optimizer.descent import Candidate, CoordinateDescent, Measurement
+from optimizer.guard import MEMORY_SETTINGS, ThroughputWatch, guard_window, memory_guard
 from optimizer.verdict import Verdict
 
 log = logging.getLogger(__name__)
 
 LIVE_SAMPLES = 120  # per-second samples kept for the live view
+METADATA_RETRY_S = 120.0  # how long a session pauses for an unreachable metadata DB
+RESTORE_WAIT_S = 3600.0  # how long the final restore waits for an unreachable target
+INCUMBENT_RUNS = 3  # recent incumbent runs whose median level the performance guard uses
+# Names read from the target: the catalogue, and what the memory guard needs besides.
+SNAPSHOT_NAMES = sorted(set(CATALOGUE) | set(MEMORY_SETTINGS))
+
+# Sessions this process is driving, by metadata DB. The claim loop may hand out a session
+# again when its lease ran out while the DB was away; the runner already at work keeps it.
+_ACTIVE: set[tuple[str, int]] = set()
+_ACTIVE_LOCK = threading.Lock()
+
+T = TypeVar("T")
 
 
 class Cancelled(Exception):
@@ -56,12 +94,36 @@ class LeaseLost(Exception):
     """Another process took the session over: stop without touching the target."""
 
 
+class MetadataUnavailable(Exception):
+    """The metadata DB stayed unreachable for METADATA_RETRY_S."""
+
+
+class TargetDown(TargetError):
+    """The target stopped answering and did not come back within target_retry_s."""
+
+
+class BenchUnavailable(Exception):
+    """pgbench cannot run on this host (missing, log directory unwritable): no trial can."""
+
+
 @dataclass
 class Prepared:
     body: SessionIn
     optimizer: CoordinateDescent
     snapshot: Snapshot
     start: dict[str, str]
+    ram_bytes: int
+
+
+def _transient(exc: BaseException) -> bool:
+    """A metadata DB error that a retry may cure (connection lost, server down, locked)."""
+    return isinstance(exc, OperationalError | InterfaceError)
+
+
+def _db_message(exc: BaseException) -> str:
+    # The driver's message only: SQLAlchemy's str() appends the statement and parameters.
+    orig = getattr(exc, "orig", None)
+    return str(orig or exc).strip().splitlines()[0] if str(orig or exc).strip() else repr(exc)
 
 
 class Heartbeat:
@@ -91,16 +153,24 @@ class Heartbeat:
         self.live.append(tps)
 
     def _loop(self) -> None:
+        failing = False
         while not self._done.wait(1.0):
             try:
                 self.beat()
-            except Exception:  # metadata DB briefly unavailable: keep the run going
-                log.warning("heartbeat of session %s failed", self.session_id, exc_info=True)
+                if failing:
+                    log.warning("heartbeat of session %s works again", self.session_id)
+                failing = False
+            except Exception as exc:  # metadata DB briefly unavailable: keep the run going
+                if not failing:  # once per outage, not once a second
+                    log.warning(
+                        "heartbeat of session %s failed: %s", self.session_id, _db_message(exc)
+                    )
+                failing = True
 
     def beat(self) -> None:
         now = utcnow()
         values: dict[str, Any] = {
-            "lease_expires_at": now + _seconds(self.lease_s),
+            "lease_expires_at": now + timedelta(seconds=self.lease_s),
             "live": {"tps": list(self.live), "at": now.isoformat()},
         }
         with self.db.session() as s:
@@ -124,27 +194,59 @@ class Heartbeat:
             raise Cancelled
 
 
-def _seconds(s: float) -> Any:
-    from datetime import timedelta
-
-    return timedelta(seconds=s)
-
-
 class SessionRunner:
     def __init__(self, db: Database, settings: Settings, session_id: int, owner: str) -> None:
         self.db, self.settings, self.session_id, self.owner = db, settings, session_id, owner
         self.workdir = Path(settings.work_dir) / "runs" / str(session_id)
+        # pgbench's application_name prefix: lets a resumed session end an orphan's connections
+        self.app_name = f"knobtune-pgbench-s{session_id}"
+        self.snapshot: Snapshot | None = None  # in memory too: restoring needs no metadata DB
+        self._levels: dict[str, list[float]] = {}  # config -> run medians of successful runs
+        self._failures: dict[str, list[int]] = {}  # config -> failed transactions per run
+        self._last_error: str | None = None
 
     # -- persistence helpers -------------------------------------------------
+    def _retrying(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()``, retried with backoff while the metadata DB is unreachable (a pause)."""
+        deadline: float | None = None
+        delay = 0.5
+        while True:
+            try:
+                return fn()
+            except Exception as exc:
+                if not _transient(exc):
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + METADATA_RETRY_S
+                    log.warning(
+                        "session %s: metadata DB unavailable (%s: %s); pausing up to %.0f s",
+                        self.session_id,
+                        what,
+                        _db_message(exc),
+                        METADATA_RETRY_S,
+                    )
+                if now >= deadline:
+                    raise MetadataUnavailable(
+                        f"the metadata DB was unreachable for {METADATA_RETRY_S:.0f} s "
+                        f"({what}: {_db_message(exc)})"
+                    ) from None
+                time.sleep(min(delay, max(0.0, deadline - now)))
+                delay = min(delay * 2, 5.0)
+
     def _update(self, **values: Any) -> None:
-        with self.db.session() as s:
-            n = changed_rows(
-                s,
-                update(TuningSession)
-                .where(TuningSession.id == self.session_id, TuningSession.lease_owner == self.owner)
-                .values(**values),
-            )
-        if n == 0:
+        def write() -> int:
+            with self.db.session() as s:
+                return changed_rows(
+                    s,
+                    update(TuningSession)
+                    .where(
+                        TuningSession.id == self.session_id, TuningSession.lease_owner == self.owner
+                    )
+                    .values(**values),
+                )
+
+        if self._retrying("updating the session", write) == 0:
             raise LeaseLost
 
     def _phase(self, phase: str) -> None:
@@ -153,6 +255,19 @@ class SessionRunner:
 
     # -- entry point ----------------------------------------------------------
     def run(self) -> None:
+        key = (self.db.url, self.session_id)
+        with _ACTIVE_LOCK:
+            if key in _ACTIVE:
+                log.info("session %s is already driven by this process", self.session_id)
+                return
+            _ACTIVE.add(key)
+        try:
+            self._run()
+        finally:
+            with _ACTIVE_LOCK:
+                _ACTIVE.discard(key)
+
+    def _load(self) -> tuple[SessionIn, TargetController]:
         with self.db.session() as s:
             sess = s.get(TuningSession, self.session_id)
             assert sess is not None
@@ -166,38 +281,77 @@ class SessionRunner:
             self.dsn, self.seed = target.dsn, sess.seed
             self.target_hw = (target.ram_bytes, target.cpus)
             self.stored_snapshot = sess.snapshot
+            self.stored_applied: dict[str, Any] = dict(sess.applied or {})
+            self.resumed = sess.attempts > 0
             self.on_finish = body.on_finish
+        if self.stored_snapshot is not None:
+            self.snapshot = Snapshot.from_json(self.stored_snapshot["target"])
+        return body, ctl
+
+    def _run(self) -> None:
+        body, ctl = self._retrying("loading the session", self._load)
         self._update(status="running", started_at=utcnow(), attempts=TuningSession.attempts + 1)
         with Heartbeat(self.db, self.session_id, self.owner, self.settings.lease_seconds) as hb:
             self.hb = hb
-            prepared: Prepared | None = None
             try:
-                prepared = self._prepare(ctl, body)
-                self._loop(ctl, prepared)
-                self._finish(ctl, prepared.snapshot, "succeeded", best=prepared.optimizer.incumbent)
+                self._drive(ctl, body)
             except LeaseLost:
                 log.warning("session %s: lease lost; another process owns it now", self.session_id)
-            except Cancelled:
-                self._finish(ctl, self._snapshot(), "cancelled")
-            except Exception as exc:
-                log.exception("session %s failed", self.session_id)
-                self._finish(
-                    ctl, self._snapshot(), "failed", error=_safe(str(exc) or repr(exc), self.dsn)
-                )
+            except MetadataUnavailable as exc:
+                self._abandon(ctl, str(exc))
 
-    def _snapshot(self) -> Snapshot | None:
-        with self.db.session() as s:
-            sess = s.get(TuningSession, self.session_id)
-            data = sess.snapshot if sess else None
-        return Snapshot.from_json(data["target"]) if data else None
+    def _drive(self, ctl: TargetController, body: SessionIn) -> None:
+        pending = self.stored_applied.get("restore_pending")
+        try:
+            if pending:
+                # A previous process failed the session and waited for the target to
+                # restore it: carry on with exactly that.
+                self._finish(
+                    ctl,
+                    self.snapshot,
+                    str(self.stored_applied.get("status") or "failed"),
+                    error=self.stored_applied.get("error"),
+                )
+                return
+            prepared = self._prepare(ctl, body)
+            self._loop(ctl, prepared)
+            if prepared.optimizer.stop_reason == "baseline runs failed":
+                raise TargetError(
+                    "the baseline could not be measured twice in a row"
+                    + (f" (last error: {self._last_error})" if self._last_error else "")
+                )
+            self._finish(ctl, prepared.snapshot, "succeeded", best=prepared.optimizer.incumbent)
+        except (LeaseLost, MetadataUnavailable):
+            raise
+        except Cancelled:
+            self._finish(ctl, self.snapshot, "cancelled")
+        except Exception as exc:
+            log.exception("session %s failed", self.session_id)
+            self._finish(ctl, self.snapshot, "failed", error=self._safe(str(exc) or repr(exc)))
+
+    def _abandon(self, ctl: TargetController, why: str) -> None:
+        """Without a metadata DB nothing can be recorded: restore the target and step back.
+
+        The session stays 'running' with a lease that runs out, so a process resumes it
+        (replaying the stored trials) once the DB is back.
+        """
+        log.error("session %s: %s; restoring the target and pausing", self.session_id, why)
+        if self.snapshot is None:
+            return
+        try:
+            ctl.revert(self.snapshot)
+        except Exception:
+            log.exception("session %s: restoring the target failed", self.session_id)
+
+    def _safe(self, text: str) -> str:
+        return scrub(text, self.dsn)
 
     # -- before the first trial ----------------------------------------------
     def _prepare(self, ctl: TargetController, body: SessionIn) -> Prepared:
         data = self.stored_snapshot
         if data is None:
             self._phase("probing the target")
-            names = sorted(CATALOGUE)
-            probe = ctl.probe(names)
+            probe = ctl.probe(SNAPSHOT_NAMES)
             if not probe.can_alter_system:
                 raise TargetError(
                     "the target's user may not run ALTER SYSTEM (superuser or "
@@ -205,7 +359,7 @@ class SessionRunner:
                 )
             ram = self.target_hw[0] or probe.ram_bytes
             cpus = self.target_hw[1] or probe.cpus
-            snap = ctl.snapshot(names)
+            snap = ctl.snapshot(SNAPSHOT_NAMES)
             data = {
                 "target": snap.to_json(),
                 "rows": rows_to_json(probe.settings),
@@ -215,6 +369,7 @@ class SessionRunner:
             # Committed before any change: the way back exists before we leave.
             self._update(snapshot=data)
         snapshot = Snapshot.from_json(data["target"])
+        self.snapshot = snapshot
         rows = rows_from_json(data["rows"])
         hw = hardware_from(data["hardware"]["ram_bytes"], data["hardware"]["cpus"])
         space = build_space(body, rows, hw)
@@ -232,18 +387,19 @@ class SessionRunner:
         if replayed:
             log.info("session %s: resumed after %d stored trials", self.session_id, replayed)
         self.hb.check()
+        if self.resumed:
+            self._recover_target(ctl, snapshot)
         wl = body.workload
         if wl.init:
             self._phase(f"preparing data (pgbench scale {wl.scale})")
             init_data(self.dsn, wl.scale)
-        return Prepared(body=body, optimizer=opt, snapshot=snapshot, start=start)
+        return Prepared(
+            body=body, optimizer=opt, snapshot=snapshot, start=start, ram_bytes=hw.ram_bytes
+        )
 
     def _replay(self, opt: CoordinateDescent) -> int:
         """Feed stored trials back in order; the optimizer must ask for exactly them again."""
-        with self.db.session() as s:
-            trials = s.scalars(
-                select(Trial).where(Trial.session_id == self.session_id).order_by(Trial.index)
-            ).all()
+        trials = self._retrying("reading the trials", self._stored_trials)
         for trial in trials:
             cand = opt.suggest()
             if cand is None or cand.index + 1 != trial.index or cand.config != trial.config:
@@ -252,7 +408,37 @@ class SessionRunner:
                     "replayed suggestion (was the optimizer changed since?)"
                 )
             opt.register(cand, _stored_measurement(trial))
+            if trial.error is None and trial.verdict != "rejected":
+                self._remember(trial.config, trial.samples, trial.failed_transactions)
         return len(trials)
+
+    def _stored_trials(self) -> list[Trial]:
+        with self.db.session() as s:
+            return list(
+                s.scalars(
+                    select(Trial).where(Trial.session_id == self.session_id).order_by(Trial.index)
+                ).all()
+            )
+
+    def _recover_target(self, ctl: TargetController, snapshot: Snapshot) -> None:
+        """After a crash of the previous process: the target up, its orphan pgbench gone."""
+        if not ctl.is_up():
+            if self.stored_applied.get("restarting") and ctl.can_restart:
+                # Our restart was under way when the process died: its pg_ctl may still
+                # finish; if not, the candidate may not boot and nobody rolled it back.
+                self._phase("the target is down after an interrupted restart: waiting for it")
+                if not ctl.wait_until_up(min(self.settings.target_retry_s, 60.0)):
+                    self._phase("starting the target with the snapshot's settings")
+                    what = ctl.recover_offline(snapshot)
+                    self._note(f"resumed after a crash during a restart: {what}")
+            else:
+                self._await_target(ctl, " when the session was resumed")
+        try:
+            ended = ctl.terminate_clients(self.app_name)
+        except (TargetError, psycopg.Error):  # e.g. no right to end them: they end by themselves
+            ended = 0
+        if ended:
+            log.info("session %s: ended %d orphan pgbench connections", self.session_id, ended)
 
     # -- the trial loop ------------------------------------------------------
     def _loop(self, ctl: TargetController, p: Prepared) -> None:
@@ -282,38 +468,66 @@ class SessionRunner:
                 self._note(f"time budget of {budget:.0f} s reached after {len(trial_wall)} trials")
                 break
             t0 = time.monotonic()
-            self._trial(ctl, p, cand, spec)
-            trial_wall.append(time.monotonic() - t0)
+            if self._trial(ctl, p, cand, spec):
+                trial_wall.append(time.monotonic() - t0)
 
-    def _trial(self, ctl: TargetController, p: Prepared, cand: Candidate, spec: BenchSpec) -> None:
+    def _trial(self, ctl: TargetController, p: Prepared, cand: Candidate, spec: BenchSpec) -> bool:
+        """One trial, stored before returning; False if it was rejected without a run."""
         started = utcnow()
         timings: dict[str, float] = {}
-        self._phase(describe(cand))
-        self._update(applied={"config": cand.config, "at": started.isoformat()})
+        if cand.role == "candidate":
+            reason = self._memory_check(p, cand)
+            if reason is not None:
+                self._reject(p, cand, None, timings, started, reason)
+                return False
+        label = _label(cand)
+        self._phase(f"applying {label}")
+        applied_at = {"config": cand.config, "at": started.isoformat(), "trial": cand.index + 1}
+        self._update(applied=applied_at)
+
+        def restarting() -> None:
+            self._update(
+                phase=f"restarting the target for {label}",
+                applied={**applied_at, "restarting": True},
+            )
+
         error: str | None = None
         result: BenchResult | None = None
+        down = False
         t = time.monotonic()
         try:
-            applied = ctl.apply(cand.config)
-        except TargetError as exc:
-            error = f"could not apply: {_safe(str(exc), self.dsn)}"
+            applied = ctl.apply(cand.config, on_restart=restarting)
+        except ConnectError as exc:
+            error = f"could not apply: the target is unreachable: {self._safe(str(exc))}"
+            applied, down = None, True
+        except (TargetError, psycopg.Error) as exc:
+            # psycopg.Error: the server went away in the middle of the apply
+            error = f"could not apply: {self._safe(str(exc).strip())}"
             applied = None
+            down = not ctl.is_up()  # also a failed restart whose recovery failed too
         timings["apply_s"] = round(time.monotonic() - t, 3)
         self.hb.check()
         if applied is not None:
             if applied.restarted:
                 # A restart empties shared_buffers; a cold run must never be
                 # compared with a warm one (DESIGN.md: 1,298 vs ~3,700 tps).
-                self._phase("warming up after restart")
+                self._update(phase="warming up after restart", applied=applied_at)
                 t = time.monotonic()
                 warm = BenchSpec(
                     **{**spec.__dict__, "duration_s": max(spec.duration_s, 5), "warmup_s": 0}
                 )
-                run_bench(self.dsn, warm, stop=self.hb.stop_bench, workdir=self.workdir)
+                run_bench(
+                    self.dsn,
+                    warm,
+                    stop=self.hb.stop_bench,
+                    workdir=self.workdir,
+                    app_name=self.app_name,
+                )
                 timings["warmup_s"] = round(time.monotonic() - t, 3)
                 self.hb.check()
-                self._phase(describe(cand))
+            self._phase(describe(cand))
             self.hb.live.clear()
+            watch = self._watch(cand, spec, p.optimizer.incumbent)
             t = time.monotonic()
             result = run_bench(
                 self.dsn,
@@ -321,26 +535,117 @@ class SessionRunner:
                 on_sample=self.hb.sample,
                 stop=self.hb.stop_bench,
                 workdir=self.workdir,
+                watch=watch,
+                app_name=self.app_name,
             )
             timings["bench_s"] = round(time.monotonic() - t, 3)
             self.hb.check()
+            if result.early_stop is not None:
+                self._reject(p, cand, result, timings, started, result.early_stop)
+                self._restore_incumbent(ctl, p)
+                return True
             if not result.ok:
-                error = f"benchmark failed: {_safe(result.error or 'unknown error', self.dsn)}"
+                error = f"benchmark failed: {self._safe(result.error or 'unknown error')}"
+                down = not result.fatal and not ctl.is_up()
         meas = _measurement_of(result, error)
         verdict = p.optimizer.register(cand, meas)
-        self._store_trial(
-            cand, meas, result, verdict, timings, started, error, p.optimizer.incumbent
+        self._store_trial(cand, meas, result, verdict, timings, started, error, p.optimizer)
+        if error is None:
+            return True
+        self._last_error = error
+        if result is not None and result.fatal:
+            raise BenchUnavailable(f"trial {cand.index + 1}: {error}")
+        if down:
+            self._note(f"trial {cand.index + 1}: the target went down ({error})")
+            self._await_target(ctl, f" after trial {cand.index + 1} ({error})")
+            self._restore_incumbent(ctl, p)
+        elif result is not None:
+            self._note(f"trial {cand.index + 1}: {error}")
+        return True
+
+    # -- guards ----------------------------------------------------------------
+    def _memory_check(self, p: Prepared, cand: Candidate) -> str | None:
+        effective = p.snapshot.effective  # knobs outside the space keep these values
+        return memory_guard(
+            {**effective, **cand.config},
+            {**effective, **p.optimizer.incumbent},
+            ram_bytes=p.ram_bytes,
+            clients=p.body.workload.clients,
         )
-        if (
-            error
-            and "benchmark failed" in error
-            and not ctl.wait_until_up(self.settings.target_retry_s)
-        ):
-            raise TargetError(
-                f"the target did not come back within {self.settings.target_retry_s:.0f} s "
-                f"after: {error}"
+
+    def _watch(
+        self, cand: Candidate, spec: BenchSpec, incumbent: dict[str, str]
+    ) -> Callable[[ProgressSample], str | None] | None:
+        """The performance guard of a candidate run (baseline and incumbent runs set the level)."""
+        if cand.role != "candidate":
+            return None
+        key = _key(incumbent)
+        levels = self._levels.get(key, [])[-INCUMBENT_RUNS:]
+        # Failed transactions reject a candidate only when the incumbent had none:
+        # a workload that always has some (serialization failures) is not a collapse.
+        fail_free = not any(self._failures.get(key, [])[-INCUMBENT_RUNS:])
+        w = ThroughputWatch(
+            reference=statistics.median(levels) if levels else None,
+            warmup_s=spec.warmup_s,
+            window=guard_window(spec.duration_s - spec.warmup_s),
+        )
+
+        def observe(s: ProgressSample) -> str | None:
+            return w.observe(s.time_s, s.tps, s.failed if fail_free else None)
+
+        return observe
+
+    def _remember(self, config: dict[str, str], samples: list[Any], failed: int) -> None:
+        if samples:
+            self._levels.setdefault(_key(config), []).append(statistics.median(samples))
+            self._failures.setdefault(_key(config), []).append(failed or 0)
+
+    def _reject(
+        self,
+        p: Prepared,
+        cand: Candidate,
+        result: BenchResult | None,
+        timings: dict[str, float],
+        started: Any,
+        reason: str,
+    ) -> None:
+        log.info("session %s: trial %d rejected: %s", self.session_id, cand.index + 1, reason)
+        meas = measurement(result.samples if result else (), error=reason)
+        verdict = p.optimizer.register(cand, meas)
+        self._store_trial(
+            cand, meas, result, verdict, timings, started, None, p.optimizer, rejected=reason
+        )
+
+    # -- the target going away -----------------------------------------------
+    def _await_target(self, ctl: TargetController, why: str) -> None:
+        """Poll the target with backoff for target_retry_s; TargetDown if it stays away."""
+        limit = self.settings.target_retry_s
+        deadline = time.monotonic() + limit
+        self._phase(f"waiting for the target to come back (up to {limit:.0f} s)")
+        delay = 0.5
+        while not ctl.is_up():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TargetDown(f"the target did not come back within {limit:.0f} s{why}")
+            self.hb.stop_bench.wait(min(delay, left))  # a cancel ends the wait at once
+            self.hb.check()
+            delay = min(delay * 2, 10.0)
+
+    def _restore_incumbent(self, ctl: TargetController, p: Prepared) -> None:
+        inc = p.optimizer.incumbent
+        self._phase("applying the incumbent config again")
+        applied_at = {"config": inc, "at": utcnow().isoformat(), "incumbent": True}
+        self._update(applied=applied_at)
+
+        def restarting() -> None:
+            self._update(
+                phase="restarting the target for the incumbent config",
+                applied={**applied_at, "restarting": True},
             )
 
+        ctl.apply(inc, on_restart=restarting)
+
+    # -- storing ---------------------------------------------------------------
     def _store_trial(
         self,
         cand: Candidate,
@@ -350,7 +655,9 @@ class SessionRunner:
         timings: dict[str, float],
         started: Any,
         error: str | None,
-        incumbent: dict[str, str],
+        opt: CoordinateDescent,
+        *,
+        rejected: str | None = None,
     ) -> None:
         opt_samples = list(meas.samples)
         trial = Trial(
@@ -367,30 +674,59 @@ class SessionRunner:
             latency_p95_ms=meas.latency_p95_ms,
             latency_p99_ms=meas.latency_p99_ms,
             failed_transactions=result.failed_transactions if result else 0,
-            verdict=None if verdict is None else ("keep" if verdict.keep else "revert"),
-            gain=verdict.gain if verdict else None,
-            p_value=verdict.p_value if verdict else None,
-            reason=verdict.reason if verdict else None,
+            verdict=_verdict_text(verdict, rejected),
+            gain=verdict.gain if verdict and not rejected else None,
+            p_value=verdict.p_value if verdict and not rejected else None,
+            reason=rejected or (verdict.reason if verdict else None),
             metrics=result.db_metrics if result else {},
             timings=timings,
             error=error,
             started_at=started,
             finished_at=utcnow(),
         )
+        incumbent = opt.incumbent
+        first = True
+
+        def write() -> None:
+            nonlocal first
+            retry, first = not first, False
+            try:
+                with self.db.session() as s:
+                    sess = s.get(TuningSession, self.session_id, with_for_update=True)
+                    if sess is None or sess.lease_owner != self.owner:
+                        raise LeaseLost
+                    s.add(trial)
+                    sess.benchmark_s = (sess.benchmark_s or 0.0) + timings.get("bench_s", 0.0)
+                    s.flush()
+                    _summarize(sess, s, incumbent)
+            except IntegrityError:
+                # A retry after a commit whose acknowledgement was lost: the row is there.
+                if not retry or not self._trial_stored(cand.index + 1):
+                    raise
+
+        self._retrying(f"storing trial {cand.index + 1}", write)
+        if error is None and not rejected:
+            self._remember(cand.config, opt_samples, trial.failed_transactions)
+
+    def _trial_stored(self, index: int) -> bool:
         with self.db.session() as s:
-            sess = s.get(TuningSession, self.session_id, with_for_update=True)
-            if sess is None or sess.lease_owner != self.owner:
-                raise LeaseLost
-            s.add(trial)
-            sess.benchmark_s = (sess.benchmark_s or 0.0) + timings.get("bench_s", 0.0)
-            s.flush()
-            _summarize(sess, s, incumbent)
+            return (
+                s.scalar(
+                    select(Trial.id).where(
+                        Trial.session_id == self.session_id, Trial.index == index
+                    )
+                )
+                is not None
+            )
 
     def _note(self, text: str) -> None:
-        with self.db.session() as s:
-            sess = s.get(TuningSession, self.session_id)
-            if sess is not None:
-                sess.notes = [*(sess.notes or []), text]
+        def write() -> None:
+            with self.db.session() as s:
+                sess = s.get(TuningSession, self.session_id)
+                if sess is not None:
+                    sess.notes = [*(sess.notes or []), self._safe(text)]
+
+        self._retrying("adding a note", write)
 
     # -- the end -------------------------------------------------------------
     def _finish(
@@ -405,22 +741,19 @@ class SessionRunner:
         applied: dict[str, Any] | None = None
         try:
             if snapshot is not None:
-                self._phase("restoring the target's settings")
-                ctl.revert(snapshot)
+                self._restore(ctl, snapshot, status, error)
                 if best is not None and self.on_finish == "apply_best":
                     self._phase("applying the best config")
-                    with self.db.session() as s:
-                        sess = s.get(TuningSession, self.session_id)
-                        start = (sess.start_config or {}) if sess else {}
+                    start = self._retrying("reading the session", self._start_config)
                     changed = {k: v for k, v in best.items() if start.get(k) != v}
                     if changed:
                         ctl.apply(changed)
                     applied = {"config": changed, "final": True}
-        except LeaseLost:
-            return
+        except (LeaseLost, MetadataUnavailable):
+            raise
         except Exception as exc:
             log.exception("session %s: restoring the target failed", self.session_id)
-            msg = f"restoring the target failed: {_safe(str(exc), self.dsn)}"
+            msg = f"restoring the target failed: {self._safe(str(exc))}"
             error = f"{error}; {msg}" if error else msg
             status = "failed"
             applied = {"config": None, "unknown": True}
@@ -436,6 +769,70 @@ class SessionRunner:
                 live=None,
             )
 
+    def _start_config(self) -> dict[str, Any]:
+        with self.db.session() as s:
+            sess = s.get(TuningSession, self.session_id)
+            return dict(sess.start_config or {}) if sess else {}
+
+    def _restore(
+        self, ctl: TargetController, snapshot: Snapshot, status: str, error: str | None
+    ) -> None:
+        """Revert to the snapshot; an unreachable target is waited for (RESTORE_WAIT_S).
+
+        Meanwhile the session stays active, so the target is not handed to a new
+        session (whose snapshot would capture our candidate), and the pending
+        outcome is recorded so that a process resuming it only restores.
+        """
+        self._phase("restoring the target's settings")
+        deadline = time.monotonic() + RESTORE_WAIT_S
+        delay = 1.0
+        waiting = False
+        while True:
+            try:
+                ctl.revert(snapshot)
+                if waiting:
+                    self._note("the target came back; its settings were restored")
+                return
+            except (ConnectError, psycopg.OperationalError) as exc:
+                if not isinstance(exc, ConnectError) and ctl.is_up():
+                    raise  # not the server going away: a real failure of the revert
+                if time.monotonic() >= deadline:
+                    raise TargetError(
+                        f"the target stayed unreachable for {RESTORE_WAIT_S:.0f} s, so its "
+                        "settings were NOT restored; put back these postgresql.auto.conf "
+                        f"entries by hand: {snapshot.auto_conf or '(none: remove all)'} "
+                        f"({exc})"
+                    ) from None
+                if not waiting:
+                    waiting = True
+                    outcome = error or status
+                    self._update(
+                        phase="the target is unreachable: its settings will be restored "
+                        "once it is back",
+                        error=f"{outcome}; the target is unreachable: its settings will be "
+                        "restored once it is back",
+                        applied={"restore_pending": True, "status": status, "error": error},
+                    )
+            if self.hb.lost.wait(delay):
+                raise LeaseLost
+            delay = min(delay * 2, 30.0)
+
+
+def _verdict_text(verdict: Verdict | None, rejected: str | None) -> str | None:
+    if rejected:
+        return "rejected"
+    if verdict is None:
+        return None  # more runs needed
+    return "keep" if verdict.keep else "revert"
+
+
+def _label(cand: Candidate) -> str:
+    if cand.role == "baseline":
+        return "the baseline config"
+    if cand.role == "incumbent":
+        return "the incumbent config"
+    return f"{cand.knob}={cand.value}"
+
 
 def _measurement_of(result: BenchResult | None, error: str | None) -> Measurement:
     if result is None or error is not None:
@@ -449,12 +846,14 @@ def _measurement_of(result: BenchResult | None, error: str | None) -> Measuremen
 
 
 def _stored_measurement(trial: Trial) -> Measurement:
+    # A guard's rejection is a failed measurement too (its text is the reason).
+    error = trial.error or (trial.reason if trial.verdict == "rejected" else None)
     return measurement(
         trial.samples,
         p95_samples=trial.p95_samples,
         p95=trial.latency_p95_ms,
         p99=trial.latency_p99_ms,
-        error=trial.error,
+        error=error,
     )
 
 
@@ -463,7 +862,7 @@ def _summarize(sess: TuningSession, s: Any, incumbent: dict[str, str]) -> None:
     trials = s.scalars(select(Trial).where(Trial.session_id == sess.id).order_by(Trial.index)).all()
     by_config: dict[str, list[float]] = {}
     for t in trials:
-        if t.median_tps is not None and t.error is None:
+        if t.median_tps is not None and t.error is None and t.verdict != "rejected":
             by_config.setdefault(_key(t.config), []).append(t.median_tps)
     baseline = next((t for t in trials if t.role == "baseline"), None)
     if baseline is not None and _key(baseline.config) in by_config:
@@ -477,22 +876,6 @@ def _summarize(sess: TuningSession, s: Any, incumbent: dict[str, str]) -> None:
 
 def _key(config: dict[str, str]) -> str:
     return repr(sorted(config.items()))
-
-
-def _safe(text: str, dsn: str) -> str:
-    """Error text with the DSN's password masked, wherever the driver echoed it."""
-    masked = mask_dsn(dsn)
-    if dsn and dsn != masked:
-        text = text.replace(dsn, masked)
-    from psycopg.conninfo import conninfo_to_dict
-
-    try:
-        password = conninfo_to_dict(dsn).get("password")
-    except Exception:
-        password = None
-    if password:
-        text = text.replace(str(password), "***")
-    return text
 
 
 Runner = Callable[[Database, Settings, int, str], None]

@@ -47,6 +47,18 @@ class ServiceError(Exception):
         return self.message
 
 
+_ID_MAX = 2**63 - 1  # the metadata DB's integers are 64-bit at most
+
+
+def _id(n: int) -> int:
+    """An id as a query parameter; one no 64-bit column can hold matches nothing (0).
+
+    SQLite's driver raises on Python ints beyond 64 bits: looking one up must be
+    "not found", not a server error.
+    """
+    return n if -_ID_MAX - 1 <= n <= _ID_MAX else 0
+
+
 # -- targets ---------------------------------------------------------------------
 def create_target(db: Database, settings: Settings, body: TargetIn) -> Target:
     with db.session() as s:
@@ -122,7 +134,7 @@ def _drop_sandbox(sandbox: Sandbox | None) -> None:
 
 def get_target(db: Database, target_id: int) -> Target:
     with db.session() as s:
-        t = s.get(Target, target_id)
+        t = s.get(Target, _id(target_id))
         if t is None:
             raise ServiceError(404, f"no target {target_id}; GET /api/v1/targets lists them")
         return t
@@ -131,7 +143,7 @@ def get_target(db: Database, target_id: int) -> Target:
 def _busy_session(s: Any, target_id: int) -> int | None:
     sid: int | None = s.scalar(
         select(TuningSession.id).where(
-            TuningSession.target_id == target_id, TuningSession.status.in_(ACTIVE_STATUSES)
+            TuningSession.target_id == _id(target_id), TuningSession.status.in_(ACTIVE_STATUSES)
         )
     )
     return sid
@@ -162,7 +174,7 @@ def list_targets(db: Database) -> list[Target]:
 
 def delete_target(db: Database, target_id: int) -> None:
     with db.session() as s:
-        t = s.get(Target, target_id)
+        t = s.get(Target, _id(target_id))
         if t is None:
             raise ServiceError(404, f"no target {target_id}")
         busy = _busy_session(s, target_id)
@@ -172,7 +184,9 @@ def delete_target(db: Database, target_id: int) -> None:
             )
         # Finished sessions keep their history: detach them by deleting them
         # only when the user deletes the target.
-        for sess in s.scalars(select(TuningSession).where(TuningSession.target_id == target_id)):
+        for sess in s.scalars(
+            select(TuningSession).where(TuningSession.target_id == _id(target_id))
+        ):
             s.delete(sess)
         sandbox_dir = t.sandbox_dir
         s.delete(t)
@@ -211,7 +225,7 @@ def create_session(
     db: Database, body: SessionIn, *, schedule_id: int | None = None
 ) -> TuningSession:
     with db.session() as s:
-        target = s.get(Target, body.target_id)
+        target = s.get(Target, _id(body.target_id))
         if target is None:
             raise ServiceError(
                 422, f"unknown target_id {body.target_id}: register it with POST /api/v1/targets"
@@ -248,7 +262,7 @@ def create_session(
 
 def get_session(db: Database, session_id: int) -> TuningSession:
     with db.session() as s:
-        sess = s.get(TuningSession, session_id)
+        sess = s.get(TuningSession, _id(session_id))
         if sess is None:
             raise ServiceError(404, f"no session {session_id}; GET /api/v1/sessions lists them")
         return sess
@@ -262,13 +276,13 @@ def list_sessions(
         if status:
             q = q.where(TuningSession.status == status)
         if target_id is not None:
-            q = q.where(TuningSession.target_id == target_id)
+            q = q.where(TuningSession.target_id == _id(target_id))
         return list(s.scalars(q).all())
 
 
 def cancel_session(db: Database, session_id: int) -> TuningSession:
     with db.session() as s:
-        sess = s.get(TuningSession, session_id, with_for_update=True)
+        sess = s.get(TuningSession, _id(session_id), with_for_update=True)
         if sess is None:
             raise ServiceError(404, f"no session {session_id}")
         if sess.status not in ACTIVE_STATUSES:
@@ -401,21 +415,31 @@ def recommendation(db: Database, session_id: int) -> Recommendation:
         )
     trials = list_trials(db, session_id)
     target = get_target(db, sess.target_id)
+    header: dict[str, object] = {
+        "session": sess.id,
+        "target": target.name,
+        "server": (target.probe or {}).get("version", "?"),
+        "status": sess.status,
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
+    unsafe = sorted(
+        k for k in sess.best_config if k in CATALOGUE and CATALOGUE[k].durability_unsafe
+    )
+    if sess.request.get("allow_unsafe") and unsafe:
+        # Flagged in every export even when the value stayed as it was: the session
+        # was allowed to trade crash safety for speed, and the reader must know.
+        header["WARNING"] = (
+            "allow_unsafe: this session tuned durability-unsafe knobs ("
+            + ", ".join(f"{k}={sess.best_config[k]}" for k in unsafe)
+            + "); a crash can lose committed transactions or corrupt data where they are off"
+        )
     return Recommendation.from_trials(
         original=sess.start_config,
         recommended=sess.best_config,
         trials=[(t.knob, t.verdict, t.gain) for t in trials],
         overall_gain=sess.gain,
-        header={
-            "session": sess.id,
-            "target": target.name,
-            "server": (target.probe or {}).get("version", "?"),
-            "status": sess.status,
-            "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        },
-        unsafe=[k for k in sess.best_config if CATALOGUE[k].durability_unsafe]
-        if sess.best_config
-        else [],
+        header=header,
+        unsafe=unsafe,
     )
 
 
@@ -473,7 +497,7 @@ def list_schedules(db: Database) -> list[Schedule]:
 
 def delete_schedule(db: Database, schedule_id: int) -> None:
     with db.session() as s:
-        sc = s.get(Schedule, schedule_id)
+        sc = s.get(Schedule, _id(schedule_id))
         if sc is None:
             raise ServiceError(404, f"no schedule {schedule_id}")
         s.delete(sc)

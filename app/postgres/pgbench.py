@@ -1,8 +1,10 @@
 """pgbench runner: data init, a run with live per-second samples, parsers of its output.
 
 A run never raises for pgbench's own failures (aborted clients, lost connection,
-pgbench missing, unwritable log directory): it returns a failed ``BenchResult``
-with pgbench's message, so a tuning loop records the trial and goes on.
+pgbench missing or killed, unwritable log directory): it returns a failed
+``BenchResult`` with pgbench's message, so a tuning loop records the trial and goes
+on. ``fatal`` marks failures of this host (pgbench missing, log directory
+unwritable) that no other config can fix: a tuning loop should stop on them.
 Connection parameters reach pgbench through libpq environment variables, so a
 password is never on a command line; messages are scrubbed of it too.
 
@@ -347,9 +349,11 @@ class BenchResult:
     db_metrics: dict[str, float]
     progress: list[ProgressSample] = field(default_factory=list)
     summary: Summary | None = None
+    early_stop: str | None = None  # why ``watch`` stopped the run
+    fatal: bool = False  # pgbench cannot run on this host at all (see module docstring)
 
     @classmethod
-    def failure(cls, error: str, *, duration_s: float = 0.0) -> BenchResult:
+    def failure(cls, error: str, *, duration_s: float = 0.0, fatal: bool = False) -> BenchResult:
         return cls(
             ok=False,
             error=error,
@@ -365,6 +369,7 @@ class BenchResult:
             duration_s=duration_s,
             stopped=False,
             db_metrics={},
+            fatal=fatal,
         )
 
 
@@ -488,6 +493,13 @@ def _error_text(stderr_lines: list[str], returncode: int) -> str:
     picked = [ln.strip() for ln in stderr_lines if any(k in ln for k in keys)]
     lines = picked[-6:] or [ln.strip() for ln in stderr_lines[-3:] if ln.strip()]
     detail = "; ".join(dict.fromkeys(lines)) or "no message"
+    if returncode < 0:  # Popen's convention: killed by signal -returncode
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        said = "; ".join(dict.fromkeys(picked[-6:]))  # its progress chatter says nothing here
+        return f"pgbench was killed by {name} (not by knobtune)" + (f": {said}" if said else "")
     return f"pgbench exited with status {returncode}: {detail}"
 
 
@@ -504,28 +516,34 @@ def run_bench(
     on_sample: Callable[[float, float], None] | None = None,
     stop: threading.Event | None = None,
     workdir: Path | None = None,
+    watch: Callable[[ProgressSample], str | None] | None = None,
+    app_name: str | None = None,
 ) -> BenchResult:
     """Run pgbench for ``spec.duration_s`` seconds and measure.
 
     ``on_sample(t, tps)`` is called from this thread for every per-second
     progress line (warm-up included). Setting ``stop`` ends the run within about
-    a second (``stopped=True``, ``ok=False``). Raises ValueError for an invalid
-    spec only; pgbench failures come back as ``ok=False`` with pgbench's message.
+    a second (``stopped=True``, ``ok=False``). ``watch`` sees every progress
+    sample too; the first reason it returns stops the run the same way
+    (``early_stop`` = the reason, ``ok=False``). ``app_name`` prefixes the
+    application_name of pgbench's connections (unless the DSN sets one), so
+    they can be found in pg_stat_activity. Raises ValueError for an invalid spec
+    only; pgbench failures come back as ``ok=False`` with pgbench's message.
     """
     spec.validate()
     try:
         pgbench = find_pgbench()
     except PgbenchError as exc:
-        return BenchResult.failure(str(exc))
+        return BenchResult.failure(str(exc), fatal=True)
     try:
         env = libpq_env(dsn)
     except psycopg.Error as exc:
         return BenchResult.failure(
             f"invalid connection string {mask_dsn(dsn)}: {scrub(str(exc), dsn)}"
         )
-    app_name = env.get("PGAPPNAME")
-    if app_name is None:
-        app_name = env["PGAPPNAME"] = f"knobtune-pgbench-{uuid.uuid4().hex[:8]}"
+    name = env.get("PGAPPNAME")
+    if name is None:
+        name = env["PGAPPNAME"] = f"{app_name or 'knobtune-pgbench'}-{uuid.uuid4().hex[:8]}"
     try:
         if workdir is not None:
             workdir.mkdir(parents=True, exist_ok=True)
@@ -534,12 +552,13 @@ def run_bench(
         where = workdir if workdir is not None else tempfile.gettempdir()
         return BenchResult.failure(
             f"cannot write pgbench's logs in {where}: {exc.strerror or exc}; "
-            "give a writable work directory"
+            "give a writable work directory (KNOBTUNE_WORK_DIR)",
+            fatal=True,
         )
     try:
-        return _run(dsn, spec, pgbench, env, app_name, rundir, on_sample, stop)
+        return _run(dsn, spec, pgbench, env, name, rundir, on_sample, stop, watch)
     except OSError as exc:  # e.g. the disk filled up while writing scripts
-        return BenchResult.failure(f"cannot write pgbench's files in {rundir}: {exc}")
+        return BenchResult.failure(f"cannot write pgbench's files in {rundir}: {exc}", fatal=True)
     finally:
         shutil.rmtree(rundir, ignore_errors=True)
 
@@ -553,6 +572,7 @@ def _run(
     rundir: Path,
     on_sample: Callable[[float, float], None] | None,
     stop: threading.Event | None,
+    watch: Callable[[ProgressSample], str | None] | None,
 ) -> BenchResult:
     script_paths: list[tuple[Path, int]] = []
     for i, (sql_text, weight) in enumerate(spec.scripts or []):
@@ -580,7 +600,9 @@ def _run(
             start_new_session=True,
         )
     except OSError as exc:
-        return BenchResult.failure(f"cannot start pgbench ({pgbench}): {exc.strerror or exc}")
+        return BenchResult.failure(
+            f"cannot start pgbench ({pgbench}): {exc.strerror or exc}", fatal=True
+        )
     assert proc.stdout is not None
     assert proc.stderr is not None
     q: queue.Queue[tuple[str, str | None]] = queue.Queue()
@@ -596,14 +618,17 @@ def _run(
     open_streams = 2
     stopped = False
     timed_out = False
+    early: str | None = None
     signalled_at: float | None = None
     pending = list(_STOP_SIGNALS)
     limit = spec.duration_s + _FINISH_GRACE_S
     while open_streams:
         now = time.monotonic()
-        if signalled_at is None and ((stop is not None and stop.is_set()) or now - t0 > limit):
+        if signalled_at is None and (
+            (stop is not None and stop.is_set()) or early is not None or now - t0 > limit
+        ):
             stopped = stop is not None and stop.is_set()
-            timed_out = not stopped
+            timed_out = not stopped and early is None
             signalled_at = now
         if signalled_at is not None and pending and now - signalled_at >= pending[0][0]:
             _signal(proc, pending.pop(0)[1])
@@ -626,6 +651,11 @@ def _run(
                     on_sample(sample.time_s, sample.tps)
                 except Exception:  # a display callback must not kill the measurement
                     log.exception("on_sample callback failed")
+            if watch is not None and early is None and signalled_at is None:
+                try:
+                    early = watch(sample)
+                except Exception:  # a broken guard must not kill the measurement either
+                    log.exception("watch callback failed")
     returncode = proc.wait()
     elapsed = time.monotonic() - t0
     summary = parse_summary("\n".join(stdout_lines))
@@ -633,7 +663,7 @@ def _run(
     lat = _latencies(rundir, spec.warmup_s)
     try:
         # After a stop nobody waits for the backends to report; return at once.
-        after = _read_stats(dsn, None if stopped else app_name)
+        after = _read_stats(dsn, None if stopped or early else app_name)
         metrics = {k: after[k] - before[k] for k in after if k in before}
     except psycopg.Error:
         metrics = {}  # the server went away: the run's own result says so
@@ -646,10 +676,20 @@ def _run(
     error: str | None = None
     if stopped:
         error = "stopped before completion"
+    elif early is not None:
+        error = f"stopped early: {early}"
     elif timed_out:
         error = f"pgbench did not finish within {limit:.0f} s and was killed"
     elif returncode != 0:
         error = scrub(_error_text(stderr_lines, returncode), dsn)
+    elif not progress and spec.duration_s >= 3:
+        # -P 1 prints a line a second: a run this long without one is not output we can read.
+        said = "; ".join(ln.strip() for ln in (stderr_lines + stdout_lines)[:3] if ln.strip())
+        error = scrub(
+            f"{pgbench} exited normally but printed no progress line knobtune can read "
+            f"(is it pgbench 13-17?); its output began: {said[:300] or '(nothing)'}",
+            dsn,
+        )
     failed = summary.failed if summary.failed is not None else lat.failed
     return BenchResult(
         ok=error is None,
@@ -668,6 +708,7 @@ def _run(
         db_metrics=metrics,
         progress=progress,
         summary=summary,
+        early_stop=early if not stopped else None,
     )
 
 

@@ -17,7 +17,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, LiteralString
@@ -581,7 +581,11 @@ class TargetController:
         return None
 
     def _restart_or_recover(
-        self, before: Mapping[str, str], names: Sequence[str], what: str
+        self,
+        before: Mapping[str, str],
+        names: Sequence[str],
+        what: str,
+        on_restart: Callable[[], None] | None = None,
     ) -> None:
         """Validate, restart; on failure restore ``names`` as in ``before`` and restart again."""
         problem = self._validate_pending(names)
@@ -593,6 +597,8 @@ class TargetController:
                 f"{what} was not applied: the configuration would not start ({problem}); "
                 "previous entries restored, the server was not restarted"
             )
+        if on_restart is not None:
+            on_restart()
         try:
             self._run_restart()
         except _RestartFailed as exc:
@@ -630,8 +636,14 @@ class TargetController:
             steps.append(f"the restart after restoring failed too ({exc}); manual action needed")
         return "Recovery: " + "; ".join(steps) + "."
 
-    def apply(self, config: Mapping[str, str]) -> ApplyResult:
+    def apply(
+        self, config: Mapping[str, str], *, on_restart: Callable[[], None] | None = None
+    ) -> ApplyResult:
         """ALTER SYSTEM SET each knob, reload (restart if needed), verify the effective values.
+
+        ``on_restart`` is called just before a restart (the entries are written and
+        validated), e.g. to record that the server is about to go down; an exception
+        from it aborts before the restart.
 
         Raises ApplyError (after restoring the previous entries; the server is up),
         RestartUnavailable (nothing changed), PrivilegeError, ConnectError.
@@ -700,7 +712,7 @@ class TargetController:
                         "no restart command; previous entries restored"
                     )
             if restart_knobs:
-                self._restart_or_recover(before, list(wanted), what)
+                self._restart_or_recover(before, list(wanted), what, on_restart)
             mismatched, effective = self._verify(wanted, rows)
             if mismatched:
                 note = self._rollback(before, list(wanted), restart=bool(restart_knobs))
@@ -795,6 +807,56 @@ class TargetController:
             return ApplyResult(
                 restarted=bool(restart_knobs), seconds=time.monotonic() - t0, effective=effective
             )
+
+    def recover_offline(self, snapshot: Snapshot) -> str:
+        """Bring back a server that a restart of ours left down, with ``snapshot``'s entries.
+
+        For a restart interrupted by a crash of the service (the candidate may not
+        boot and nobody rolled it back): postgresql.auto.conf is rewritten to exactly
+        the snapshot's entries (a state that booted) and the restart command is run.
+        Never call it for a server someone else stopped. Returns what was done;
+        raises TargetError when the server stays down.
+        """
+        with self._lock:
+            if self.is_up():
+                return "the server is up; nothing to recover"
+            if self.restart_command is None:
+                raise RestartUnavailable("the server is down and the target has no restart command")
+            data_dir = self._data_dir or self._given_data_dir
+            path = data_dir / _AUTO_CONF if data_dir is not None else None
+            steps: list[str] = []
+            if path is not None and path.is_file():
+                try:
+                    with path.open("r+") as f:  # in place: keeps owner and mode
+                        f.write(render_auto_conf(snapshot.auto_conf))
+                        f.truncate()
+                    steps.append(f"the snapshot's entries were written to {path}")
+                except OSError as exc:
+                    steps.append(f"could not write {path}: {exc}")
+            else:
+                steps.append("the data directory is not on this host: entries left as they are")
+            try:
+                self._run_restart()
+            except _RestartFailed as exc:
+                raise TargetError(
+                    f"the server is down and did not start: {exc} ({'; '.join(steps)})"
+                ) from None
+            steps.append("the server was started and accepts connections")
+            return "; ".join(steps)
+
+    def terminate_clients(self, application_prefix: str) -> int:
+        """End the target's connections whose application_name starts with the prefix.
+
+        After a crash of the service its pgbench (a process group of its own) runs
+        on; the next process ends those connections instead of benchmarking beside them.
+        """
+        with self._connect() as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE left(application_name, length(%s)) = %s AND pid <> pg_backend_pid()",
+                [application_prefix, application_prefix],
+            ).fetchall()
+        return len(rows)
 
     def _pending_restart(self, conn: Conn, names: Sequence[str]) -> list[str]:
         rows = conn.execute(

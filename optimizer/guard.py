@@ -1,0 +1,249 @@
+"""Guardrails around a trial: reject a candidate before it is applied, or stop it early.
+
+Pure: no I/O. The service feeds in settings as PostgreSQL text and per-second samples;
+a guard answers with ``None`` (go on) or a reason that says what was wrong. A rejected
+candidate is registered with the optimizer as a failed :class:`~optimizer.descent.Measurement`,
+so the descent narrows that knob's bound and never tries the value (or beyond) again.
+
+Memory guard
+============
+
+A candidate is rejected before it is applied when the memory it lets PostgreSQL
+allocate would not fit the target's RAM with headroom::
+
+    need = shared_buffers
+         + wal_buffers                       (-1: shared_buffers/32, within [64kB, 16MB])
+         + clients * work_mem * (sort_nodes + hash_nodes * hash_mem_multiplier)
+         + maintenance_work_mem
+         + autovacuum_max_workers * min(autovacuum_work_mem or maintenance_work_mem, 1GB)
+
+    rejected when  need > ram * (1 - headroom)  and  need > need(incumbent)
+
+Why each term (PostgreSQL 15 documentation, "Resource Consumption / Memory"):
+
+* work_mem is a limit *per sort or hash node per backend*, not per server: "a complex
+  query might perform several sort and hash operations at the same time, with each
+  operation generally being allowed to use as much memory as this value specifies ...
+  several running sessions could be doing such operations concurrently". Hash nodes may
+  use ``work_mem * hash_mem_multiplier`` ("The memory limit for a hash table is computed
+  by multiplying work_mem by hash_mem_multiplier"; default 2.0 since PostgreSQL 15).
+  ``clients`` is the benchmark's concurrency, and the default hash/sort factor counts one
+  sort and one hash node per query: ``1 + hash_mem_multiplier`` (3 by default).
+* maintenance_work_mem: one manual VACUUM / CREATE INDEX at a time, plus "when autovacuum
+  runs, up to autovacuum_max_workers times this memory may be allocated" (or
+  autovacuum_work_mem when set); VACUUM uses at most 1GB of it for dead tuples.
+* wal_buffers: "-1 selects a size equal to 1/32nd of shared_buffers, but not less than
+  64kB nor more than the size of one WAL segment, typically 16MB".
+* headroom (25% by default) is left to the kernel, the page cache PostgreSQL relies on,
+  per-backend overhead (catalog caches, plans) and everything else on the machine.
+
+A candidate that needs *less* than the incumbent is never rejected: it cannot be riskier
+than the config the server is already running (the baseline itself is never checked).
+
+Performance guard
+=================
+
+:class:`ThroughputWatch` follows a candidate's per-second samples. It stops the run when
+transactions fail, or when the median of its first ``window`` seconds after the warm-up is
+below ``floor`` (50%) of the incumbent's level: a collapse that the full run would only
+confirm at the cost of its whole duration on a degraded server.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from optimizer.knobs import Kind, Knob, KnobValueError
+
+KB = 1024
+MB = 1024 * KB
+GB = 1024 * MB
+
+# How each setting the formula reads is written by PostgreSQL (bare numbers are in `unit`),
+# and its default when the server did not tell us (PostgreSQL 15).
+_SETTINGS: dict[str, tuple[Kind, str | None, str]] = {
+    "shared_buffers": ("integer", "8kB", "128MB"),
+    "wal_buffers": ("integer", "8kB", "-1"),
+    "work_mem": ("integer", "kB", "4MB"),
+    "maintenance_work_mem": ("integer", "kB", "64MB"),
+    "autovacuum_work_mem": ("integer", "kB", "-1"),
+    "autovacuum_max_workers": ("integer", None, "3"),
+    "hash_mem_multiplier": ("real", None, "2.0"),
+}
+MEMORY_SETTINGS: tuple[str, ...] = tuple(_SETTINGS)
+"""Settings the memory guard reads: the service should snapshot all of them."""
+
+_UNIT_BYTES = {"8kB": 8 * KB, "kB": KB}
+_WAL_SEGMENT = 16 * MB
+_VACUUM_CAP = 1 * GB
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """The assumptions of the memory formula (module docstring); change them here only."""
+
+    sort_nodes: float = 1.0  # work_mem-sized sort nodes running at once per query
+    hash_nodes: float = 1.0  # hash nodes per query, each up to work_mem * hash_mem_multiplier
+    headroom: float = 0.25  # fraction of RAM never planned for PostgreSQL's own allocations
+
+    def __post_init__(self) -> None:
+        if self.sort_nodes < 0 or self.hash_nodes < 0 or self.sort_nodes + self.hash_nodes <= 0:
+            raise ValueError("sort_nodes and hash_nodes must be >= 0, and not both 0")
+        if not 0 <= self.headroom < 1:
+            raise ValueError("headroom must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes each term of the formula may allocate, and the budget they must fit."""
+
+    parts: dict[str, int]
+    budget: int
+    factor: float  # the hash/sort factor applied to work_mem per client
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.budget
+
+    def describe(self) -> str:
+        terms = ", ".join(f"{k} {_size(v)}" for k, v in self.parts.items() if v)
+        return f"{_size(self.total)} ({terms}) against {_size(self.budget)}"
+
+
+def _knob(name: str) -> Knob:
+    kind, unit, default = _SETTINGS[name]
+    return Knob(name, kind, unit, -math.inf, math.inf, default)
+
+
+def _value(settings: Mapping[str, str], name: str) -> float:
+    """A setting in bytes (memory) or as a number; the default when absent or unreadable."""
+    knob = _knob(name)
+    text = settings.get(name)
+    try:
+        v = knob.parse(text) if text is not None else knob.parse(knob.default)
+    except KnobValueError:
+        v = knob.parse(knob.default)
+    assert isinstance(v, float)
+    unit = _SETTINGS[name][1]
+    return v * _UNIT_BYTES[unit] if unit is not None and v > 0 else v  # -1 stays a sentinel
+
+
+def estimate_memory(
+    settings: Mapping[str, str],
+    *,
+    ram_bytes: int,
+    clients: int,
+    model: MemoryModel | None = None,
+) -> MemoryEstimate:
+    """The memory formula of the module docstring for ``settings`` (name -> PostgreSQL text)."""
+    if ram_bytes <= 0 or clients < 1:
+        raise ValueError("ram_bytes must be > 0 and clients >= 1")
+    m = model or MemoryModel()
+    sb = max(_value(settings, "shared_buffers"), 0.0)
+    wal = _value(settings, "wal_buffers")
+    if wal < 0:  # -1: auto
+        wal = min(max(sb / 32, 64 * KB), _WAL_SEGMENT)
+    wm = max(_value(settings, "work_mem"), 0.0)
+    hmm = max(_value(settings, "hash_mem_multiplier"), 1.0)
+    factor = m.sort_nodes + m.hash_nodes * hmm
+    mwm = max(_value(settings, "maintenance_work_mem"), 0.0)
+    avwm = _value(settings, "autovacuum_work_mem")
+    per_worker = min(mwm if avwm < 0 else avwm, float(_VACUUM_CAP))
+    workers = max(_value(settings, "autovacuum_max_workers"), 0.0)
+    parts = {
+        "shared_buffers": int(sb),
+        "wal_buffers": int(wal),
+        "work_mem": int(clients * wm * factor),
+        "maintenance_work_mem": int(mwm),
+        "autovacuum": int(workers * per_worker),
+    }
+    return MemoryEstimate(parts=parts, budget=int(ram_bytes * (1 - m.headroom)), factor=factor)
+
+
+def memory_guard(
+    candidate: Mapping[str, str],
+    incumbent: Mapping[str, str],
+    *,
+    ram_bytes: int,
+    clients: int,
+    model: MemoryModel | None = None,
+) -> str | None:
+    """Why ``candidate`` must not be applied (it would not fit the RAM), or None.
+
+    Both configs are complete: the server's effective settings overlaid with the
+    session's knobs, as PostgreSQL text.
+    """
+    cand = estimate_memory(candidate, ram_bytes=ram_bytes, clients=clients, model=model)
+    if cand.fits:
+        return None
+    inc = estimate_memory(incumbent, ram_bytes=ram_bytes, clients=clients, model=model)
+    if cand.total <= inc.total:
+        return None  # no riskier than what the server runs now
+    m = model or MemoryModel()
+    return (
+        f"memory guard: would need {cand.describe()} "
+        f"({100 * (1 - m.headroom):.0f}% of {_size(ram_bytes)} RAM, work_mem counted "
+        f"{cand.factor:g}x per client for {clients} clients)"
+    )
+
+
+def _size(n: float) -> str:
+    for unit, size in (("GB", GB), ("MB", MB), ("kB", KB)):
+        if abs(n) >= size:
+            return f"{n / size:.3g}{unit}"
+    return f"{n:.0f}B"
+
+
+# --- performance guard ---------------------------------------------------------------------
+
+
+def guard_window(measured_s: float) -> int:
+    """Seconds after the warm-up a candidate is judged on: 3-5, never beyond the run."""
+    n = int(measured_s)
+    return max(1, min(5, max(3, n // 4), n))
+
+
+@dataclass
+class ThroughputWatch:
+    """Stops a candidate run whose throughput collapses or whose transactions fail.
+
+    ``reference`` is the incumbent's level (median tps of its recent runs). Feed every
+    progress sample to :meth:`observe`; the first non-None answer is the reason to stop.
+    """
+
+    reference: float | None
+    warmup_s: float
+    window: int = 3
+    floor: float = 0.5
+    _seen: list[float] = field(default_factory=list)
+    _judged: bool = False
+
+    def observe(self, time_s: float, tps: float, failed: int | None = None) -> str | None:
+        if failed:
+            return f"performance guard: {failed} transaction(s) failed at {time_s:g} s"
+        if (
+            self._judged
+            or self.reference is None
+            or not math.isfinite(self.reference)
+            or self.reference <= 0
+            or time_s < self.warmup_s + 0.5  # the same seconds the measurement drops
+        ):
+            return None
+        self._seen.append(tps if math.isfinite(tps) else 0.0)
+        if len(self._seen) < self.window:
+            return None
+        self._judged = True
+        level = statistics.median(self._seen)
+        if level < self.floor * self.reference:
+            return (
+                f"performance guard: {level:.4g} tps over the first {self.window} s, "
+                f"below {self.floor:.0%} of the incumbent's {self.reference:.4g} tps"
+            )
+        return None
