@@ -33,6 +33,7 @@ from app.tuning import (
     build_space,
     describe,
     hardware_from,
+    hints_for,
     make_optimizer,
     measurement,
     rows_from_json,
@@ -219,7 +220,7 @@ class SessionRunner:
         hw = hardware_from(data["hardware"]["ram_bytes"], data["hardware"]["cpus"])
         space = build_space(body, rows, hw)
         start = start_config(body, space, snapshot.effective, hw)
-        opt = make_optimizer(body, space, start, self.seed)
+        opt = make_optimizer(body, space, start, self.seed, hints_for(body, space, hw))
         notes: list[str] = []
         if not ctl.can_restart:
             for knob in space:
