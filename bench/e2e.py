@@ -258,7 +258,8 @@ def main() -> int:
     p.add_argument("--confirm-warmup", type=int, default=10, help="discarded run before each")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "e2e.json"))
     args = p.parse_args()
-    results = {
+    load_before = os.getloadavg()
+    results: dict[str, Any] = {
         "machine": {
             "cpus": os.cpu_count(),
             "ram_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
@@ -268,6 +269,11 @@ def main() -> int:
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "args": vars(args),
         "workloads": {w: run_workload(w, args) for w in args.workloads.split(",")},
+    }
+    # Other work on the machine adds noise to every run; say how busy it was.
+    results["load_average_1m"] = {
+        "before": round(load_before[0], 2),
+        "after": round(os.getloadavg()[0], 2),
     }
     text = json.dumps(results, indent=2)
     Path(args.out).write_text(text + "\n")
