@@ -131,7 +131,7 @@ class Trial(Base):
     index: Mapped[int] = mapped_column(Integer)  # 1, 2, ... in the order measured
     role: Mapped[str] = mapped_column(String(16))  # baseline, candidate, incumbent
     knob: Mapped[str | None] = mapped_column(String(100))
-    value: Mapped[str | None] = mapped_column(String(200))
+    value: Mapped[str | None] = mapped_column(Text)  # joint hints list several knobs
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     samples: Mapped[list[Any]] = mapped_column(JSON, default=list)
     p95_samples: Mapped[list[Any]] = mapped_column(JSON, default=list)

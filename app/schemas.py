@@ -132,6 +132,11 @@ class SessionIn(BaseModel):
     on_finish: Literal["restore", "apply_best"] = "restore"
     allow_unsafe: bool = False
     start: Literal["current", "heuristic"] = "current"
+    hints: bool = Field(
+        default=True,
+        description="Starting from the current values, try PGTune-style values for this "
+        "machine first (all together, then per knob), each judged like any candidate.",
+    )
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
 
 
