@@ -399,7 +399,9 @@ def build_command(
         "-P",
         "1",
         "-T",
-        str(spec.duration_s),
+        # One extra second: pgbench never prints the progress line of its last second,
+        # so -T N gives N-1 samples; the extra second's sample is dropped below.
+        str(spec.duration_s + 1),
         "-c",
         str(spec.clients),
         "-j",
@@ -668,7 +670,8 @@ def _run(
     except psycopg.Error:
         metrics = {}  # the server went away: the run's own result says so
     all_samples = [s.tps for s in progress]
-    post = [s for s in progress if s.time_s >= spec.warmup_s + 0.5]
+    # Exactly the seconds warmup_s+1 .. duration_s: what the caller asked to measure.
+    post = [s for s in progress if spec.warmup_s + 0.5 <= s.time_s <= spec.duration_s + 0.5]
     samples = [s.tps for s in post]
     p95_samples = [
         lat.p95_per_second[k] for k in (round(s.time_s) for s in post) if k in lat.p95_per_second
