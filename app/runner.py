@@ -55,15 +55,10 @@ from app.schemas import SessionIn
 from app.settings import Settings
 from app.tuning import (
     bench_scripts,
-    build_space,
     describe,
-    hardware_from,
-    hints_for,
-    make_optimizer,
     measurement,
-    rows_from_json,
     rows_to_json,
-    start_config,
+    session_optimizer,
 )
 from optimizer.catalogue import CATALOGUE
 from optimizer.descent import Candidate, CoordinateDescent, Measurement
@@ -371,18 +366,8 @@ class SessionRunner:
             self._update(snapshot=data)
         snapshot = Snapshot.from_json(data["target"])
         self.snapshot = snapshot
-        rows = rows_from_json(data["rows"])
-        hw = hardware_from(data["hardware"]["ram_bytes"], data["hardware"]["cpus"])
-        space = build_space(body, rows, hw)
-        start = start_config(body, space, snapshot.effective, hw)
-        opt = make_optimizer(body, space, start, self.seed, hints_for(body, space, hw))
-        notes: list[str] = []
-        if not ctl.can_restart:
-            for knob in space:
-                if knob.needs_restart:
-                    reason = "needs a restart and the target has no restart_command"
-                    opt.exclude(knob.name, reason)
-                    notes.append(f"{knob.name} skipped: {reason}")
+        built = session_optimizer(body, data, self.seed, can_restart=ctl.can_restart)
+        opt, start, notes, hw = built.optimizer, built.start, built.notes, built.hardware
         replayed = self._replay(opt)
         self._update(start_config=start, notes=notes, trials_planned=opt.planned_trials())
         if replayed:

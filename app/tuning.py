@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from app.schemas import KnobIn, SessionIn, WorkloadIn
@@ -141,6 +142,38 @@ def make_optimizer(
         max_passes=body.max_passes,
         hints=hints,
     )
+
+
+@dataclass(frozen=True)
+class Built:
+    optimizer: CoordinateDescent
+    space: list[Knob]
+    start: Config
+    notes: list[str]
+    hardware: Hardware
+
+
+def session_optimizer(
+    body: SessionIn, stored: Mapping[str, Any], seed: int, *, can_restart: bool
+) -> Built:
+    """A session's optimizer from its stored request and snapshot data (``sessions.snapshot``).
+
+    The one place that does it: the first run, a resume after a crash and the fault checks
+    must build exactly the same optimizer, or replaying the stored trials diverges.
+    """
+    rows = rows_from_json(stored["rows"])
+    hw = hardware_from(stored["hardware"]["ram_bytes"], stored["hardware"]["cpus"])
+    space = build_space(body, rows, hw)
+    start = start_config(body, space, stored["target"]["effective"], hw)
+    opt = make_optimizer(body, space, start, seed, hints_for(body, space, hw))
+    notes: list[str] = []
+    if not can_restart:
+        for knob in space:
+            if knob.needs_restart:
+                reason = "needs a restart and the target has no restart_command"
+                opt.exclude(knob.name, reason)
+                notes.append(f"{knob.name} skipped: {reason}")
+    return Built(opt, space, start, notes, hw)
 
 
 def measurement(

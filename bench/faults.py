@@ -42,7 +42,6 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,25 +51,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
-import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.db import Database  # noqa: E402
 from app.models import Trial, TuningSession  # noqa: E402
-from app.postgres.sandbox import Sandbox, SandboxError, free_port  # noqa: E402
+from app.postgres.sandbox import Sandbox, SandboxError  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
 from app.postgres.units import same_value  # noqa: E402
 from app.schemas import SessionIn  # noqa: E402
-from app.tuning import (  # noqa: E402
-    build_space,
-    hardware_from,
-    make_optimizer,
-    measurement,
-    rows_from_json,
-    start_config,
-)
+from app.tuning import measurement, session_optimizer  # noqa: E402
+from tests.helpers import ServiceProcess, file_settings  # noqa: E402
 
 WORKLOAD = {"builtin": "tpcb-like", "scale": 1, "clients": 2, "jobs": 1, "duration_s": 3,
             "warmup_s": 1}  # fmt: skip
@@ -86,24 +78,18 @@ class Api(Protocol):
     def post(self, url: str, **kw: Any) -> Any: ...
 
 
-class Service:
-    """`knobtune serve` in a subprocess: start, SIGKILL, start again on the same metadata DB."""
+class Service(ServiceProcess):
+    """`knobtune serve` in a subprocess, with short leases so a restart resumes quickly."""
 
     def __init__(self, workdir: Path, db_url: str, env: dict[str, str] | None = None) -> None:
-        self.workdir, self.db_url = workdir, db_url
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {
-            **os.environ,
-            "KNOBTUNE_DATABASE_URL": db_url,
-            "KNOBTUNE_WORK_DIR": str(workdir),
-            "KNOBTUNE_LEASE_SECONDS": "3",
-            "KNOBTUNE_POLL_SECONDS": "0.5",
-            "KNOBTUNE_TARGET_RETRY_S": "20",
+        super().__init__(
+            workdir,
+            KNOBTUNE_DATABASE_URL=db_url,
+            KNOBTUNE_LEASE_SECONDS="3",
+            KNOBTUNE_POLL_SECONDS="0.5",
+            KNOBTUNE_TARGET_RETRY_S="20",
             **(env or {}),
-        }
-        self.log_path = workdir / "service.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        )
         self.api: Api = httpx.Client(base_url=self.url, timeout=30)
         self.can_kill = True
 
@@ -111,42 +97,6 @@ class Service:
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
-
-    def start(self) -> None:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port),
-                 "--log-level", "warning"],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-            )  # fmt: skip
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the service exited: {self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.2)
-        raise RuntimeError(f"the service did not start: {self.log_tail()}")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-    def log_tail(self, n: int = 40) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        return ""
 
 
 class InProcessService:
@@ -254,14 +204,6 @@ def trials_of(api: Api, sid: int) -> list[dict[str, Any]]:
     return list(got or [])
 
 
-def file_settings(dsn: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-        return conn.execute(
-            "SELECT sourcefile, name, setting, applied, error FROM pg_file_settings "
-            "ORDER BY sourcefile, seqno"
-        ).fetchall()
-
-
 KNOBS_WATCHED = ["shared_buffers", "work_mem", "max_wal_size", "checkpoint_completion_target"]
 
 
@@ -342,10 +284,7 @@ def replay_matches(db_url: str, sid: int) -> bool:
         if data is None:
             return not trials
         body = SessionIn.model_validate(request)
-        hw = hardware_from(data["hardware"]["ram_bytes"], data["hardware"]["cpus"])
-        space = build_space(body, rows_from_json(data["rows"]), hw)
-        eff = data["target"]["effective"]
-        opt = make_optimizer(body, space, start_config(body, space, eff, hw), seed)
+        opt = session_optimizer(body, data, seed, can_restart=True).optimizer
         for t in trials:
             cand = opt.suggest()
             if cand is None or cand.index + 1 != t.index or cand.config != t.config:
@@ -443,8 +382,9 @@ class Scenario:
             },
         )
         assert r.status_code == 201, r.text
+        # No PGTune hints: each scenario times its fault on a known walk (x4, then x2 steps).
         body = {"target_id": r.json()["id"], "knobs": knobs, "max_trials": max_trials,
-                "seed": 5, "workload": self.workload, **extra}  # fmt: skip
+                "seed": 5, "workload": self.workload, "hints": False, **extra}  # fmt: skip
         r = api.post("/api/v1/sessions", json=body)
         assert r.status_code == 202, r.text
         self.sid = int(r.json()["id"])
