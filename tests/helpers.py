@@ -15,10 +15,13 @@ import psycopg
 
 from app.postgres.sandbox import free_port
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def file_settings(dsn: str) -> list[tuple[Any, ...]]:
     """The target's configuration files as the server reads them: what 'restored' means."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    # A timeout: fault tests read targets that may be down.
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
         return conn.execute(
             "SELECT sourcefile, name, setting, applied, error FROM pg_file_settings "
             "ORDER BY sourcefile, seqno"
@@ -49,16 +52,25 @@ class ServiceProcess:
             env=self.env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            cwd=ROOT,  # this checkout's code, whatever the caller's directory
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the service exited: {self.log_tail()}")
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 time.sleep(0.2)
         self.stop()  # never leave a half-started service behind
-        raise RuntimeError(f"the service did not start; see {self.log_path}")
+        raise RuntimeError(f"the service did not start: {self.log_tail()}")
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
 
     def kill(self) -> None:
         """SIGKILL: no cleanup of any kind, as in a crash."""

@@ -35,6 +35,7 @@ from app.settings import Settings
 from app.tuning import rows_to_json
 from optimizer.catalogue import CATALOGUE, Hardware
 from optimizer.knobs import KnobValueError
+from tests.helpers import file_settings
 
 FUZZ_PER_OPERATION = 40  # per generation mode: 14 operations with inputs x 2 x 40 ~ 1,100
 MIN_REQUESTS = 1000
@@ -156,14 +157,6 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     settings = Settings(database_url=f"sqlite:///{tmp / 'meta.db'}", work_dir=tmp, poll_seconds=0.3)
     with TestClient(create_app(settings)) as c:
         yield c
-
-
-def file_settings(dsn: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute(
-            "SELECT sourcefile, name, setting, applied, error FROM pg_file_settings "
-            "ORDER BY sourcefile, seqno"
-        ).fetchall()
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,6 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -31,6 +30,7 @@ from bench.faults import (
     target_killed,
     unbootable_candidate,
 )
+from tests.helpers import file_settings
 
 
 def assert_ok(run: Run) -> None:
@@ -102,14 +102,6 @@ def test_killed_pgbench_is_a_failed_run_with_the_signal(sandbox: Sandbox) -> Non
     assert not res.fatal  # another run may work: not a reason to end the session
     assert res.error is not None
     assert res.error.startswith("pgbench was killed by SIGKILL (not by knobtune)")
-
-
-def file_settings(dsn: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute(
-            "SELECT sourcefile, name, setting, applied, error FROM pg_file_settings "
-            "ORDER BY sourcefile, seqno"
-        ).fetchall()
 
 
 def test_recover_offline_starts_a_target_left_down_by_a_crashed_restart(
