@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import func, select, text
+from sqlalchemy.exc import OperationalError
 
 from app import db as dbmod
 from app.api.routes import router
@@ -56,6 +57,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(ServiceError)
     def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
         return JSONResponse(status_code=exc.status, content={"detail": exc.message})
+
+    @app.exception_handler(OperationalError)
+    def _metadata_db_down(_request: Request, exc: OperationalError) -> JSONResponse:
+        # The metadata DB is unreachable: a temporary condition, not a server bug.
+        log.warning("metadata DB unavailable: %s", exc.orig)
+        return JSONResponse(
+            status_code=503,
+            content={"detail": "the metadata database is unavailable; retry shortly"},
+            headers={"Retry-After": "5"},
+        )
 
     app.include_router(router)
     app.include_router(web_router)

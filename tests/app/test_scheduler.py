@@ -162,3 +162,16 @@ def test_healthz_metrics_and_catalogue(tmp_path: Path) -> None:
         # Served from the package, not a CDN: the docs work without internet.
         assert "cdn" not in docs.text.lower()
         assert c.get("/static-offline-docs/swagger-ui-bundle.js").status_code == 200
+
+
+def test_metadata_db_outage_is_a_503_not_a_500(tmp_path: Path) -> None:
+    db_file = tmp_path / "m.db"
+    settings = Settings(database_url=f"sqlite:///{db_file}", run_scheduler=False)
+    with TestClient(create_app(settings)) as c:
+        assert c.get("/api/v1/sessions").status_code == 200
+        c.app.state.db.dispose()  # type: ignore[attr-defined]
+        db_file.unlink()
+        (tmp_path / "m.db").mkdir()  # the path now cannot be opened as a database
+        r = c.get("/api/v1/sessions")
+        assert r.status_code == 503
+        assert r.headers["Retry-After"] == "5"
