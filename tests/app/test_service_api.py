@@ -185,7 +185,7 @@ def test_complete_session_restores_target_and_exports_a_loadable_config(
             assert f"ALTER SYSTEM SET {name}" in sql
             assert f"{name} = " in conf.text
         else:
-            assert name in conf.text.split("# unchanged")[1]
+            assert name in conf.text.split("# unchanged")[1], conf.text
     as_json = client.get(f"/api/v1/sessions/{sid}/config", params={"format": "json"}).json()
     assert as_json
 

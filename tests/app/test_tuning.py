@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from app.schemas import SessionIn
+from app.tuning import build_space, describe, hints_for, make_optimizer, start_config
 from optimizer.catalogue import Hardware
 from optimizer.descent import Measurement
 from optimizer.heuristic import pgtune
-
-from app.schemas import SessionIn
-from app.tuning import build_space, describe, hints_for, make_optimizer, start_config
 
 HW = Hardware(ram_bytes=24 * 2**30, cpus=2)
 KNOBS = ["work_mem", "shared_buffers", "random_page_cost"]
