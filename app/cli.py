@@ -206,9 +206,10 @@ class _LineView:
                 f"trial {idx:>3}  {knob} {value}  {med} tps  {gain}  {verdict}  "
                 f"[{_progress_line(sess)}]",
                 highlight=False,
+                soft_wrap=True,  # one line per trial, whatever the width
             )
         self.shown = len(trials)
-        if sess["phase"] != self.phase and sess["status"] != "running":
+        if sess["phase"] != self.phase and sess["status"] in ("succeeded", "failed", "cancelled"):
             self.console.print(f"session {sess['id']}: {sess['status']} ({sess['phase']})")
         self.phase = sess["phase"]
 
@@ -300,8 +301,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="knobtune-demo-") as tmp:
         print("creating a sandbox PostgreSQL cluster...", file=sys.stderr)
         with Sandbox.create() as sandbox:
-            print(f"sandbox at {sandbox.root} (port {sandbox.port}); removed at the end",
-                  file=sys.stderr)
+            print(
+                f"sandbox at {sandbox.root} (port {sandbox.port}); removed at the end",
+                file=sys.stderr,
+            )
             db_url = f"sqlite:///{tmp}/knobtune.db"
             with connect(None, None, database_url=db_url, work_dir=Path(tmp)) as api:
                 target = api.call(
