@@ -12,8 +12,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
+from app.main import create_app
 from app.postgres.sandbox import Sandbox
+from app.settings import Settings
 
 SandboxFactory = Callable[..., Sandbox]
 
@@ -46,3 +49,12 @@ def sandbox_factory() -> Iterator[SandboxFactory]:
 @pytest.fixture
 def fresh_sandbox(sandbox_factory: SandboxFactory) -> Sandbox:
     return sandbox_factory()
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    """The real app, scheduler included, on its own SQLite metadata DB, per test module."""
+    tmp = tmp_path_factory.mktemp("svc")
+    settings = Settings(database_url=f"sqlite:///{tmp / 'meta.db'}", work_dir=tmp, poll_seconds=0.3)
+    with TestClient(create_app(settings)) as c:
+        yield c

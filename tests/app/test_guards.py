@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +20,9 @@ from hypothesis import strategies as st
 
 from app import service
 from app.db import Database, upgrade, utcnow
-from app.main import create_app
 from app.models import Target, Trial, TuningSession
 from app.postgres.pgbench import BenchSpec, run_bench
 from app.postgres.sandbox import Sandbox
-from app.settings import Settings
 from optimizer.guard import (
     MEMORY_SETTINGS,
     MemoryModel,
@@ -183,14 +180,6 @@ def run_session(
             return s, client.get(f"/api/v1/sessions/{sid}/trials").json()
         time.sleep(0.3)
     raise AssertionError(f"session {sid} did not finish: {s}")
-
-
-@pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    tmp = tmp_path_factory.mktemp("guards")
-    settings = Settings(database_url=f"sqlite:///{tmp / 'meta.db'}", work_dir=tmp, poll_seconds=0.3)
-    with TestClient(create_app(settings)) as c:
-        yield c
 
 
 def test_memory_guard_rejects_before_apply_and_narrows(

@@ -151,14 +151,6 @@ def test_unreadable_pgbench_output_is_a_clear_error(
 
 
 # -- injection through the API ------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    tmp = tmp_path_factory.mktemp("sec")
-    settings = Settings(database_url=f"sqlite:///{tmp / 'meta.db'}", work_dir=tmp, poll_seconds=0.3)
-    with TestClient(create_app(settings)) as c:
-        yield c
-
-
 @pytest.mark.parametrize(
     "knobs",
     [
