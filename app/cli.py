@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -377,7 +378,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _find_or_create_target(api: Api, args: argparse.Namespace) -> dict[str, Any]:
-    name = args.name or f"target-{abs(hash(args.dsn)) % 10**8}"
+    # A stable name (hash() is salted per process), so a second `tune` of the same server
+    # finds its target, and with it the one-session-per-target guard.
+    name = args.name or f"target-{hashlib.sha256(args.dsn.encode()).hexdigest()[:8]}"
     for t in api.call("GET", "/api/v1/targets"):
         if t["name"] == name:
             return dict(t)

@@ -873,5 +873,3 @@ def _summarize(sess: TuningSession, s: Any, incumbent: dict[str, str]) -> None:
 def _key(config: dict[str, str]) -> str:
     return repr(sorted(config.items()))
 
-
-Runner = Callable[[Database, Settings, int, str], None]

@@ -313,11 +313,8 @@ def _trial_counts(db: Database, session_ids: list[int]) -> dict[int, tuple[int, 
         ).all()
     out: dict[int, tuple[int, float | None]] = {}
     for sid, n, first, last in rows:
-        per = None
-        if n and first is not None and last is not None:
-            first_t = first if not isinstance(first, str) else None
-            if first_t is not None:
-                per = (last - first).total_seconds() / n
+        # min/max keep the column's type: aware datetimes, never strings.
+        per = (last - first).total_seconds() / n if n and first and last else None
         out[sid] = (n, per)
     return out
 

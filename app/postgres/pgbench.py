@@ -505,12 +505,6 @@ def _error_text(stderr_lines: list[str], returncode: int) -> str:
     return f"pgbench exited with status {returncode}: {detail}"
 
 
-def _script_label(spec: BenchSpec) -> str:
-    parts = [spec.builtin] if spec.builtin else []
-    parts += [f"script{i}" for i in range(len(spec.scripts or []))]
-    return "+".join(p for p in parts if p)
-
-
 def run_bench(
     dsn: str,
     spec: BenchSpec,
