@@ -31,6 +31,14 @@ The walk, one knob at a time in the order given:
   In bench/optimizer.py: 92.8/82.3/91.9% of the optimum without hints, 98.2/97.6/96.0%
   with PGTune hints (x2 steps only, no hints: 90.0/84.1/85.1%).
 
+The **final check** ends every session whose incumbent differs from the baseline: the two
+side by side, ``final_runs`` runs in an A B B A pattern (incumbent first unless the server
+already runs the baseline), so linear drift cancels. Its verdict is the session's claimed
+gain (:meth:`overall`): comparing the first runs of the session with the incumbent's runs
+minutes later let drift pass for a gain (bench/e2e.py, W1: +37% claimed, +2% confirmed).
+The walk leaves room for it in ``max_trials`` and ``max_benchmark_s``; a caller with a
+wall-clock budget calls :meth:`conclude` when the time left is about that many runs.
+
 Every candidate is evaluated group-sequentially with :func:`optimizer.verdict.judge`
 (see its docstring): one run first, then a verdict after every run. It is kept as soon as
 the verdict is credible (and the incumbent has at least two recent runs); rejected as
@@ -59,7 +67,7 @@ from optimizer.knobs import Config, Knob, KnobError
 from optimizer.render import KnobNote, Recommendation
 from optimizer.verdict import ALPHA, PRIOR_DF, RUN_SD, Objective, RunStat, Verdict, judge, run_stat
 
-Role = Literal["baseline", "candidate", "incumbent"]
+Role = Literal["baseline", "candidate", "incumbent", "final-baseline", "final-incumbent"]
 Value = float | str
 
 
@@ -72,6 +80,11 @@ class Candidate:
     knob: str | None  # the knob that differs from the incumbent (None for baseline/incumbent)
     value: str | None
     role: Role
+
+    @property
+    def is_final(self) -> bool:
+        """A run of the final check (baseline and incumbent side by side)."""
+        return self.role.startswith("final-")
 
 
 @dataclass(frozen=True)
@@ -152,6 +165,7 @@ class CoordinateDescent:
         coarse: int = 1,
         hints: Mapping[str, str] | None = None,
         joint_hints: bool = True,
+        final_runs: int = 4,
     ) -> None:
         if not space:
             raise KnobError("the knob space is empty: pick at least one knob")
@@ -168,6 +182,8 @@ class CoordinateDescent:
             raise ValueError("need max_candidate_runs >= 1, look_ahead >= 0, incumbent_window >= 1")
         if max_trials is not None and max_trials < 0:
             raise ValueError("max_trials must be >= 0")
+        if final_runs < 0 or final_runs % 2:
+            raise ValueError("final_runs must be an even number >= 0 (A B B A ...)")
         self.space: tuple[Knob, ...] = tuple(space)
         self._knobs = {k.name: k for k in self.space}
         self.seed = seed  # the walk is deterministic; kept so a session records its arguments
@@ -191,6 +207,7 @@ class CoordinateDescent:
         self.max_skips = max_skips
         self.coarse = coarse
         self.joint_hints = joint_hints
+        self.final_runs = final_runs
 
         # unknown keys in start are ignored: the service may pass every setting it read
         self._baseline: dict[str, Value] = {}
@@ -218,8 +235,13 @@ class CoordinateDescent:
         self._pass = 0
         self._pos = 0  # index in space of the knob being tuned, for planned_trials()
         self.stop_reason: str | None = None
+        self._final: dict[str, list[_Run]] = {}  # role -> runs, once the final check began
+        self._final_left = 0  # runs of the final check still to perform
+        self._concluding = False
+        self._last_config: Config | None = None  # what the server ran last, as far as we know
         self._gen: _Walk = self._walk()
         self._next: _Request | None = self._advance(None)
+        self._settle()
 
     # --- ask/tell -----------------------------------------------------------------------------
 
@@ -227,14 +249,9 @@ class CoordinateDescent:
         """The next run to perform, or None when done. Idempotent until :meth:`register`."""
         if self._next is None:
             return None
-        if self.max_trials is not None and self._trials >= self.max_trials:
-            self.stop_reason = self.stop_reason or "trial budget spent"
-            return None
-        if (
-            self.max_benchmark_s is not None
-            and (self._trials + 1) * self.run_seconds > self.max_benchmark_s + 1e-9
-        ):
-            self.stop_reason = self.stop_reason or "benchmark time budget spent"
+        spent = self._over_budget(self._trials + 1)
+        if spent is not None:
+            self.stop_reason = self.stop_reason or spent
             return None
         r = self._next
         return Candidate(self._trials, dict(r.config), r.knob, r.value, r.role)
@@ -258,8 +275,10 @@ class CoordinateDescent:
         if self._next.about is not None:
             self._trials_by_knob[self._next.about] += 1
         self._trials += 1
+        self._last_config = candidate.config
         self._out = None
         self._next = self._advance(measurement)
+        self._settle()
         out, self._out = self._out, None
         return out
 
@@ -272,8 +291,32 @@ class CoordinateDescent:
         if knob not in self._knobs:
             raise KnobError(f"{knob!r} is not in this session's knob space")
         self._excluded[knob] = reason
+        if self._concluding:
+            return
         if self._next is not None and (self._next.about == knob or knob in self._next.joint):
             self._next = self._advance(_CANCEL)
+            self._settle()
+
+    def conclude(self) -> None:
+        """End the walk now and go on to the final check (e.g. the wall-clock budget is short).
+
+        Withdraws the pending run. To replay a session, call it again before the first
+        stored final-check trial. Does nothing once the final check has begun.
+        """
+        if not self._concluding:
+            self._begin_final("concluded early")
+
+    @property
+    def concluding(self) -> bool:
+        """The walk is over; what is left is the final check."""
+        return self._concluding
+
+    @property
+    def final_runs_left(self) -> int:
+        """Runs the final check still needs (what a wall-clock budget must leave room for)."""
+        if self._concluding:
+            return self._final_left
+        return self.final_runs if self._key(self._inc) != self._key(self._baseline) else 0
 
     # --- state -------------------------------------------------------------------------------
 
@@ -310,13 +353,21 @@ class CoordinateDescent:
         return ov.gain if ov is not None else None
 
     def overall(self) -> Verdict | None:
-        """The verdict of incumbent vs baseline on all their runs (drift between them included)."""
+        """The verdict of incumbent vs baseline: the session's claimed gain.
+
+        From the final check's side-by-side runs once it has both; before that (or if the
+        budget left no room for it) from all their runs, drift between them included.
+        """
         base = self._runs.get(self._key(self._baseline), [])
         if not base:
             return None
         inc = self._runs.get(self._key(self._inc), [])
         if self._key(self._inc) == self._key(self._baseline) or not inc:
             return Verdict(False, 0.0, None, "incumbent is the baseline", None, (len(base), 0))
+        final_b = self._final.get("final-baseline", [])
+        final_i = self._final.get("final-incumbent", [])
+        if final_b and final_i:
+            base, inc = final_b, final_i
         return self._judge((self._key(self._baseline), self._key(self._inc)), base, inc)
 
     def planned_trials(self) -> int:
@@ -329,7 +380,9 @@ class CoordinateDescent:
         left = per_knob * (later + 1) + (self.max_passes - self._pass - 1) * active * per_knob // 2
         if self._trials < self.baseline_runs:
             left += self.baseline_runs - self._trials
-        estimate = self._trials + left
+        if self._concluding:
+            left = self.final_runs_left
+        estimate = self._trials + left + (0 if self._concluding else self.final_runs)
         if self.max_trials is not None:
             estimate = min(estimate, self.max_trials)
         if self.max_benchmark_s is not None:
@@ -365,6 +418,61 @@ class CoordinateDescent:
         )
 
     # --- internals ---------------------------------------------------------------------------
+
+    def _over_budget(self, trials: int) -> str | None:
+        """Why ``trials`` runs in all would exceed the budget, or None if they fit."""
+        if self.max_trials is not None and trials > self.max_trials:
+            return "trial budget spent"
+        if (
+            self.max_benchmark_s is not None
+            and trials * self.run_seconds > self.max_benchmark_s + 1e-9
+        ):
+            return "benchmark time budget spent"
+        return None
+
+    def _settle(self) -> None:
+        """Go on to the final check when the walk is over or only its room is left."""
+        if self._concluding:
+            return
+        if self._next is None:
+            self._begin_final(None)
+            return
+        reserve = self.final_runs_left
+        if reserve and self._over_budget(self._trials + 1 + reserve) is not None:
+            self._begin_final("budget left for the final check only")
+
+    def _begin_final(self, why: str | None) -> None:
+        self._concluding = True
+        if why is not None:
+            self.stop_reason = why
+        self._gen.close()  # withdraws the walk's pending run, if any
+        self._gen = self._final_check()
+        self._next = self._advance(None)
+
+    def _final_check(self) -> _Walk:
+        """Incumbent and baseline side by side, A B B A ..., to state the gain without drift."""
+        if self._key(self._inc) == self._key(self._baseline) or not self.final_runs:
+            return
+        keys = {"final-incumbent": self._inc, "final-baseline": self._baseline}
+        # start with what the server already runs: one restart fewer
+        last = self._last_config
+        first: Role = "final-baseline" if last == self.baseline else "final-incumbent"
+        second: Role = "final-incumbent" if first == "final-baseline" else "final-baseline"
+        order = [first, second, second, first] * (self.final_runs // 4)
+        order += [first, second][: self.final_runs % 4]
+        self._final_left = len(order)
+        for role in order:
+            values = keys[role]
+            m = yield _Request(self._config(values), None, None, role, None)
+            self._final_left -= 1
+            if isinstance(m, _Cancel):
+                return
+            run = self._record(self._key(values), m)
+            if run is not None:
+                self._final.setdefault(role, []).append(run)
+        ov = self.overall()
+        if ov is not None:
+            self._out = ov
 
     def _advance(self, m: Measurement | _Cancel | None) -> _Request | None:
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -264,7 +266,7 @@ def test_recommendation_and_best_gain() -> None:
     rec = opt.recommendation({"target": "sim"})
     assert rec.recommended == opt.incumbent
     assert rec.original == {k: s.start[k] for k in s.names}
-    assert sum(n.trials for n in rec.notes) + opt.baseline_runs == opt.trials_done
+    assert sum(n.trials for n in rec.notes) + opt.baseline_runs + opt.final_runs == opt.trials_done
     changed = [n for n in rec.notes if n.changed]
     assert changed
     assert all(n.gain is not None and n.gain > 0 for n in changed)
@@ -298,6 +300,8 @@ def test_bad_arguments() -> None:
         CoordinateDescent(s.space, s.start, objective="tps")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="shared_buffers"):
         CoordinateDescent(s.space, {**s.start, "shared_buffers": "lots"})
+    with pytest.raises(ValueError, match="final_runs"):
+        CoordinateDescent(s.space, s.start, final_runs=3)
 
 
 def test_first_pass_steps_coarsely_then_finer() -> None:
@@ -384,3 +388,91 @@ def test_exclude_withdraws_a_joint_run_with_that_knob() -> None:
     assert c.config["shared_buffers"] == "128MB"
     assert c.knob == "max_wal_size"
     assert c.value == "4GB"
+
+
+def _roles(log: list[tuple[Candidate, Measurement]]) -> list[str]:
+    return [c.role for c, _ in log]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_final_check_measures_best_and_baseline_side_by_side_within_budget(seed: int) -> None:
+    s = reporting_surface()
+    opt = CoordinateDescent(s.space, s.start, max_trials=40)
+    log = drive(opt, s, Bench(Noise(), seed))
+    assert opt.trials_done == len(log) <= 40
+    assert opt.incumbent != opt.baseline
+    final = log[-4:]
+    assert all(c.role.startswith("final-") and c.is_final for c, _ in final)
+    assert not any(c.is_final for c, _ in log[:-4])
+    # A B B A: linear drift cancels; A is what the server ran last (one restart fewer)
+    roles = _roles(final)
+    assert roles[0] == roles[3] != roles[1] == roles[2]
+    last = log[-5][0].config
+    assert roles[0] == ("final-baseline" if last == opt.baseline else "final-incumbent")
+    for c, _ in final:
+        assert c.config == (opt.baseline if c.role == "final-baseline" else opt.incumbent)
+        assert c.knob is None
+        assert c.value is None
+    ov = opt.overall()
+    assert ov is not None
+    assert ov.runs == (2, 2)
+    assert opt.planned_trials() == opt.trials_done
+
+
+def test_no_final_check_when_nothing_was_kept() -> None:
+    s = flat_surface()
+    opt = CoordinateDescent(s.space, s.start, max_trials=6, hints=None)
+    log = drive(opt, s, Bench(Noise(), 5))
+    if opt.incumbent == opt.baseline:
+        assert not any(c.is_final for c, _ in log)
+        assert len(log) == 6  # no room held back for it either
+    ov = opt.overall()
+    assert ov is not None
+
+
+def test_conclude_starts_the_final_check_and_replays() -> None:
+    s = reporting_surface()
+    hints = pgtune(s.hardware, "mixed")
+    opt = CoordinateDescent(s.space, s.start, max_trials=None, hints=hints)
+    bench = Bench(Noise(), 3)
+    log = []
+    while opt.incumbent == opt.baseline or len(log) < 8:  # the hints are kept early
+        c = opt.suggest()
+        assert c is not None
+        assert not c.is_final
+        m = bench.measure(s.true(c.config))
+        opt.register(c, m)
+        log.append((c, m))
+    assert opt.final_runs_left == 4
+    opt.conclude()
+    assert opt.concluding
+    cut = len(log)
+    log += drive(opt, s, bench)
+    assert [c.is_final for c, _ in log[cut:]] == [True] * 4
+    assert opt.final_runs_left == 0
+    assert opt.stop_reason == "concluded early"
+    # the same state rebuilt from the stored runs, conclude() called where it was
+    again = CoordinateDescent(s.space, s.start, max_trials=None, hints=hints)
+    for c, m in log:
+        if c.is_final and not again.concluding:
+            again.conclude()
+        again.register(c, m)
+    assert again.suggest() is None
+    assert again.overall() == opt.overall()
+
+
+def test_final_check_removes_the_winners_curse_from_the_claimed_gain() -> None:
+    # A keep is more likely when drift flattered the candidate, so "all the incumbent's
+    # runs vs the first baseline runs" overstates the gain; fresh side-by-side runs do not.
+    s = reporting_surface()
+    err: dict[int, list[float]] = {0: [], 4: []}
+    for seed in range(12):
+        for final in err:
+            opt = run_descent(s, Bench(Noise(), 500 + seed), max_trials=40, final_runs=final)
+            gain = opt.best_gain
+            assert gain is not None
+            true = s.true(opt.incumbent) / s.true(opt.baseline) - 1
+            err[final].append(math.log1p(gain) - math.log1p(true))
+    bias = {final: float(np.mean(e)) for final, e in err.items()}
+    assert abs(bias[4]) < 0.04, bias
+    assert bias[0] > bias[4], bias
