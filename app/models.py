@@ -129,7 +129,8 @@ class Trial(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     session_id: Mapped[int] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
     index: Mapped[int] = mapped_column(Integer)  # 1, 2, ... in the order measured
-    role: Mapped[str] = mapped_column(String(16))  # baseline, candidate, incumbent
+    # baseline, candidate, incumbent, final-baseline, final-incumbent
+    role: Mapped[str] = mapped_column(String(16))
     knob: Mapped[str | None] = mapped_column(String(100))
     value: Mapped[str | None] = mapped_column(Text)  # joint hints list several knobs
     config: Mapped[dict[str, Any]] = mapped_column(JSON)

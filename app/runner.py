@@ -62,7 +62,13 @@ from app.tuning import (
 )
 from optimizer.catalogue import CATALOGUE
 from optimizer.descent import Candidate, CoordinateDescent, Measurement
-from optimizer.guard import MEMORY_SETTINGS, ThroughputWatch, guard_window, memory_guard
+from optimizer.guard import (
+    MEMORY_SETTINGS,
+    ThroughputWatch,
+    guard_window,
+    memory_guard,
+    warmed_up,
+)
 from optimizer.verdict import Verdict
 
 log = logging.getLogger(__name__)
@@ -387,6 +393,8 @@ class SessionRunner:
         """Feed stored trials back in order; the optimizer must ask for exactly them again."""
         trials = self._retrying("reading the trials", self._stored_trials)
         for trial in trials:
+            if trial.role.startswith("final-"):
+                opt.conclude()  # (a no-op if the walk got there by itself)
             cand = opt.suggest()
             if cand is None or cand.index + 1 != trial.index or cand.config != trial.config:
                 raise RuntimeError(
@@ -450,6 +458,20 @@ class SessionRunner:
             budget = p.body.time_budget_s
             elapsed = time.monotonic() - began
             expected = statistics.median(trial_wall) if trial_wall else float(wl.duration_s)
+            reserve = p.optimizer.final_runs_left
+            if (
+                budget is not None
+                and not p.optimizer.concluding
+                and reserve
+                and elapsed + expected + reserve * statistics.fmean(trial_wall or [expected])
+                > budget
+            ):
+                # leave the time for the final check of the best config against the start
+                p.optimizer.conclude()
+                self._note(
+                    f"time budget: final check of the best config after {len(trial_wall)} trials"
+                )
+                continue
             if budget is not None and elapsed + expected > budget:
                 self._note(f"time budget of {budget:.0f} s reached after {len(trial_wall)} trials")
                 break
@@ -499,16 +521,7 @@ class SessionRunner:
                 # compared with a warm one (DESIGN.md: 1,298 vs ~3,700 tps).
                 self._update(phase="warming up after restart", applied=applied_at)
                 t = time.monotonic()
-                warm = BenchSpec(
-                    **{**spec.__dict__, "duration_s": restart_warmup_s(spec), "warmup_s": 0}
-                )
-                run_bench(
-                    self.dsn,
-                    warm,
-                    stop=self.hb.stop_bench,
-                    workdir=self.workdir,
-                    app_name=self.app_name,
-                )
+                self._warm_up(spec)
                 timings["warmup_s"] = round(time.monotonic() - t, 3)
                 self.hb.check()
             self._phase(describe(cand))
@@ -548,6 +561,23 @@ class SessionRunner:
         elif result is not None:
             self._note(f"trial {cand.index + 1}: {error}")
         return True
+
+    def _warm_up(self, spec: BenchSpec) -> None:
+        """Discarded load after a restart until throughput levels off (at most one run)."""
+        seen: list[float] = []
+
+        def level(s: ProgressSample) -> str | None:
+            seen.append(s.tps)
+            return "warm" if warmed_up(seen) else None
+
+        run_bench(
+            self.dsn,
+            BenchSpec(**{**spec.__dict__, "warmup_s": 0}),
+            stop=self.hb.stop_bench,
+            workdir=self.workdir,
+            watch=level,
+            app_name=self.app_name,
+        )
 
     # -- guards ----------------------------------------------------------------
     def _memory_check(self, p: Prepared, cand: Candidate) -> str | None:
@@ -813,21 +843,11 @@ def _verdict_text(verdict: Verdict | None, rejected: str | None) -> str | None:
 
 
 def _label(cand: Candidate) -> str:
-    if cand.role == "baseline":
+    if cand.role in ("baseline", "final-baseline"):
         return "the baseline config"
-    if cand.role == "incumbent":
+    if cand.role in ("incumbent", "final-incumbent"):
         return "the incumbent config"
-    return f"{cand.knob}={cand.value}"
-
-
-def restart_warmup_s(spec: BenchSpec) -> int:
-    """Seconds of discarded load after a restart, before the measured run.
-
-    Long enough to refill shared_buffers from the OS cache (with the measured run's own
-    dropped warm-up that is >= 15 s; DESIGN.md: a cold 12 s run gave 1,298 tps against
-    ~3,700 warm), short enough that restarts do not eat the benchmarking budget.
-    """
-    return min(spec.duration_s, max(10, 2 * spec.warmup_s))
+    return f"{cand.knob}={cand.value}" if cand.knob else str(cand.value)
 
 
 def _measurement_of(result: BenchResult | None, error: str | None) -> Measurement:
@@ -854,13 +874,21 @@ def _stored_measurement(trial: Trial) -> Measurement:
 
 
 def _summarize(sess: TuningSession, s: Any, incumbent: dict[str, str]) -> None:
-    """Baseline, best and gain from the stored trials (medians of run medians)."""
+    """Baseline, best and gain from the stored trials (medians of run medians).
+
+    From the final check's side-by-side runs when there are any (see optimizer.descent:
+    the session's first runs against the best config's runs minutes later let drift and
+    the winner's curse pass for a gain).
+    """
     trials = s.scalars(select(Trial).where(Trial.session_id == sess.id).order_by(Trial.index)).all()
+    final = [t for t in trials if t.role.startswith("final-")]
+    if {t.role for t in final if t.median_tps is not None} == {"final-baseline", "final-incumbent"}:
+        trials = final
     by_config: dict[str, list[float]] = {}
     for t in trials:
         if t.median_tps is not None and t.error is None and t.verdict != "rejected":
             by_config.setdefault(_key(t.config), []).append(t.median_tps)
-    baseline = next((t for t in trials if t.role == "baseline"), None)
+    baseline = next((t for t in trials if t.role.endswith("baseline")), None)
     if baseline is not None and _key(baseline.config) in by_config:
         sess.baseline_tps = statistics.median(by_config[_key(baseline.config)])
     sess.best_config = dict(incumbent)
@@ -872,4 +900,3 @@ def _summarize(sess: TuningSession, s: Any, incumbent: dict[str, str]) -> None:
 
 def _key(config: dict[str, str]) -> str:
     return repr(sorted(config.items()))
-

@@ -199,6 +199,9 @@ def describe(candidate: Candidate) -> str:
         return "baseline"
     if candidate.role == "incumbent":
         return "re-measuring the incumbent"
+    if candidate.is_final:  # best and baseline side by side: the session's claimed gain
+        which = "baseline" if candidate.role == "final-baseline" else "best config"
+        return f"final check: measuring the {which}"
     if candidate.knob is None:  # several knobs at once: the PGTune-style hints
         return f"measuring {candidate.value}"
     return f"measuring {candidate.knob}={candidate.value}"

@@ -30,6 +30,7 @@ from optimizer.guard import (
     estimate_memory,
     guard_window,
     memory_guard,
+    warmed_up,
 )
 from tests.helpers import file_settings
 
@@ -143,6 +144,19 @@ def test_watch_failed_transactions_and_no_reference() -> None:
     assert reason == "performance guard: 7 transaction(s) failed at 3 s"
     assert ThroughputWatch(reference=math.nan, warmup_s=0, window=1).observe(1, 0.0) is None
     assert [guard_window(s) for s in (1, 2, 7, 20, 60, 600)] == [1, 2, 3, 5, 5, 5]
+
+
+# -- warm-up after a restart ------------------------------------------------------------------
+def test_warm_up_ends_when_throughput_levels_off() -> None:
+    # per-second tps recorded here right after a restart (TPC-B scale 20, 512MB)
+    after_restart = [3522, 4354, 3925, 3936, 4915, 4977, 5799, 4786, 5011, 5216, 5087]
+    ends = next(n for n in range(1, 12) if warmed_up(after_restart[:n]))
+    assert ends == 9  # still rising at 6-8 s, level at 9
+    steady = [5278.0, 5616.0, 5960.0, 5883.0, 5510.0, 5684.0]
+    assert not warmed_up(steady[:5])  # two full windows are needed
+    assert warmed_up(steady)
+    cold = [100.0 * 1.1**i for i in range(40)]  # a server reading from disk: keeps rising
+    assert not any(warmed_up(cold[:n]) for n in range(41))
 
 
 def test_pgbench_run_is_stopped_early_on_failed_transactions(sandbox: Sandbox) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
+from app.cli import DEMO_SORT_SQL
 from app.main import create_app
 from app.postgres.sandbox import Sandbox, free_port
 from app.settings import Settings
@@ -204,6 +206,64 @@ def test_complete_session_restores_target_and_exports_a_loadable_config(
                 assert got is not None
                 assert want is not None
                 assert int(got[0]) == int(want[0]), (name, value)
+
+
+def test_time_budget_leaves_room_for_the_final_check_that_states_the_gain(
+    client: TestClient, target_id: int
+) -> None:
+    # work_mem decides between an in-memory sort and a spill (the demo's +40%): kept early,
+    # then the wall-clock budget runs short and the runner concludes with the final check.
+    budget = 60
+    r = client.post(
+        "/api/v1/sessions",
+        json={
+            "target_id": target_id,
+            # work_mem first; the others keep the walk going past the budget
+            "knobs": [
+                "work_mem",
+                "random_page_cost",
+                "effective_cache_size",
+                "checkpoint_completion_target",
+                "bgwriter_lru_maxpages",
+            ],
+            "hints": False,
+            "workload": {
+                "builtin": None,
+                "scripts": [{"sql": DEMO_SORT_SQL, "weight": 1}],
+                "scale": 1,
+                "clients": 2,
+                "jobs": 1,
+                "duration_s": 4,
+                "warmup_s": 1,
+            },
+            "max_trials": 100,
+            "time_budget_s": budget,
+        },
+    )
+    assert r.status_code == 202, r.text
+    sid = r.json()["id"]
+    final = wait_for(client, sid, {"succeeded", "failed", "cancelled"})
+    assert final["status"] == "succeeded", final
+    trials = client.get(f"/api/v1/sessions/{sid}/trials").json()
+    start = trials[0]["config"]
+    assert final["best_config"]["work_mem"] != start["work_mem"], "4MB -> 16MB+ was not kept"
+    assert any(n.startswith("time budget: final check") for n in final["notes"]), final["notes"]
+    last = trials[-4:]
+    roles = [t["role"] for t in last]
+    assert roles[0] == roles[3] != roles[1] == roles[2], roles  # A B B A
+    assert {t["role"] for t in trials[:-4]}.isdisjoint(roles)
+    for t in last:
+        assert t["config"] == (start if t["role"] == "final-baseline" else final["best_config"])
+    # the claimed gain is the final check's, not the session's first runs against later ones
+    level = {
+        role: statistics.median(t["samples"]["median_tps"] for t in last if t["role"] == role)
+        for role in ("final-baseline", "final-incumbent")
+    }
+    assert final["baseline_tps"] == pytest.approx(level["final-baseline"])
+    assert final["best_tps"] == pytest.approx(level["final-incumbent"])
+    assert final["gain"] == pytest.approx(final["best_tps"] / final["baseline_tps"] - 1)
+    assert final["gain"] > 0.1
+    assert final["progress"]["elapsed_s"] < budget + 20  # (+ probing, data, restore)
 
 
 def _chown_like(path: Path, like: Path) -> None:
