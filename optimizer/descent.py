@@ -16,7 +16,7 @@ The walk, one knob at a time in the order given:
   - a cliff (a loss beyond ``cliff``) or a failed run ends the direction at once.
 
   In bench/optimizer.py the descent without skip and look-ahead barely leaves the start
-  (55-63% of the optimum: the first x2 steps gain 2-4%); with them it reaches 84-90%;
+  (55-63% of the optimum: the first x2 steps gain 2-4%); with them it reaches 84-87%;
 * if nothing was kept upward, the same downward; then the next knob;
 * coarse to fine: the first pass steps x4 (twice the additive step; ``coarse=1``), so a
   first move has a larger effect, cheaper to prove, and covers the 8-32x between defaults
@@ -28,8 +28,9 @@ The walk, one knob at a time in the order given:
   ``value`` "hints: ..."; ``joint_hints``), proven like any other; then, per knob in the
   first pass, its hinted value is the first candidate and its direction is walked first.
   A rule of thumb that is wrong for the workload is simply rejected and the walk goes on.
-  In bench/optimizer.py: 92.8/82.3/91.9% of the optimum without hints, 98.2/97.6/96.0%
-  with PGTune hints (x2 steps only, no hints: 90.0/84.1/85.1%).
+  In bench/optimizer.py (40 runs, final check included): 92.8/80.1/91.9% of the optimum
+  without hints, 97.7/97.6/96.0% with PGTune hints (x2 steps only, no hints:
+  86.5/84.1/84.9%).
 
 The **final check** ends every session whose incumbent differs from the baseline: the two
 side by side, ``final_runs`` runs in an A B B A pattern (incumbent first unless the server
