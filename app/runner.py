@@ -317,6 +317,8 @@ class SessionRunner:
                 return
             prepared = self._prepare(ctl, body)
             self._loop(ctl, prepared)
+            if prepared.optimizer.final_verdict is not None:
+                self._note(_final_check_text(prepared.optimizer))
             if prepared.optimizer.stop_reason == "baseline runs failed":
                 raise TargetError(
                     "the baseline could not be measured twice in a row"
@@ -840,6 +842,24 @@ def _verdict_text(verdict: Verdict | None, rejected: str | None) -> str | None:
     if verdict is None:
         return None  # more runs needed
     return "keep" if verdict.keep else "revert"
+
+
+def _final_check_text(opt: CoordinateDescent) -> str:
+    v = opt.final_verdict
+    assert v is not None
+    a, b = v.runs
+    p = f", p={v.p_value:.2g}" if v.p_value is not None else ""
+    text = (
+        f"final check, best config against the start side by side ({a} + {b} runs): "
+        f"{v.gain:+.1%}{p}"
+    )
+    if opt.unconfirmed is None:
+        return text + (", credible" if v.keep else ", not credible at the verdict's error rate")
+    changed = ", ".join(f"{k}={x}" for k, x in opt.unconfirmed.items() if opt.baseline[k] != x)
+    return (
+        f"{text}, below min_gain: recommending no change (the walk's best was {changed}; "
+        "a longer session or longer runs may prove it)"
+    )
 
 
 def _label(cand: Candidate) -> str:

@@ -248,10 +248,12 @@ def test_time_budget_leaves_room_for_the_final_check_that_states_the_gain(
     start = trials[0]["config"]
     assert final["best_config"]["work_mem"] != start["work_mem"], "4MB -> 16MB+ was not kept"
     assert any(n.startswith("time budget: final check") for n in final["notes"]), final["notes"]
-    last = trials[-4:]
+    assert any(n.startswith("final check, best config against the start") for n in final["notes"])
+    last = trials[-6:]
     roles = [t["role"] for t in last]
-    assert roles[0] == roles[3] != roles[1] == roles[2], roles  # A B B A
-    assert {t["role"] for t in trials[:-4]}.isdisjoint(roles)
+    assert roles[0] != roles[1]
+    assert roles == [roles[0], roles[1], roles[1], roles[0], roles[0], roles[1]]  # A B B A A B
+    assert {t["role"] for t in trials[:-6]}.isdisjoint(roles)
     for t in last:
         assert t["config"] == (start if t["role"] == "final-baseline" else final["best_config"])
     # the claimed gain is the final check's, not the session's first runs against later ones
