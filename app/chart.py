@@ -32,7 +32,7 @@ def points_of(trials: Iterable[Mapping[str, Any]]) -> list[Point]:
             index=t["index"],
             median_tps=t["samples"]["median_tps"],
             role=t["role"],
-            label=f"{t['knob']}={t['value']}" if t["knob"] else t["role"],
+            label=f"{t['knob']}={t['value']}" if t["knob"] else t["value"] or t["role"],
             verdict=t["verdict"],
             failed=t["error"] is not None,
         )
