@@ -106,7 +106,16 @@ def main() -> int:
                 "/api/v1/sessions",
                 json={
                     "target_id": tid,
-                    "knobs": ["work_mem", "max_wal_size"],
+                    # reload-only knobs, enough of them that the session outlasts the load
+                    "knobs": [
+                        "work_mem",
+                        "max_wal_size",
+                        "checkpoint_completion_target",
+                        "bgwriter_lru_maxpages",
+                        "random_page_cost",
+                        "effective_cache_size",
+                    ],
+                    "hints": False,
                     "max_trials": 200,
                     "workload": {
                         "builtin": "tpcb-like",

@@ -14,7 +14,7 @@ interval. Gains compare configs within each round (adjacent runs), which cancels
 drift: gain = exp(mean(log C_i - log A_i)) - 1, p-value of a paired t test on those log
 differences (two-sided).
 
-    .venv/bin/python bench/e2e.py                      # both workloads, ~40 minutes
+    .venv/bin/python bench/e2e.py                      # both workloads, ~50 minutes
     .venv/bin/python bench/e2e.py --workloads W2 --budget-s 300 --rounds 3   # quicker look
 """
 
@@ -40,6 +40,7 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from app.chart import points_of, render_svg  # noqa: E402
 from app.postgres.pgbench import BenchSpec, run_bench  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
@@ -109,10 +110,25 @@ def tune(
         datetime.fromisoformat(s["finished_at"]) - datetime.fromisoformat(s["started_at"])
     ).total_seconds()
     bench_s = sum(t["timings"].get("bench_s", 0.0) for t in trials)
+    # where the rest of the wall time went: apply (reload/restart), post-restart warm-up
+    overhead = {
+        part: round(sum(t["timings"].get(f"{part}_s", 0.0) for t in trials), 1)
+        for part in ("apply", "warmup")
+    }
+    overhead["restarts"] = sum(1 for t in trials if "warmup_s" in t["timings"])
+    overhead["other_s"] = round(wall - bench_s - overhead["apply"] - overhead["warmup"], 1)
     first = datetime.fromisoformat(trials[0]["started_at"])
     loop_wall = (datetime.fromisoformat(trials[-1]["finished_at"]) - first).total_seconds()
     start = trials[0]["config"]
     best = s["best_config"] or {}
+    chart = Path(args.out).with_name(f"e2e-{spec['name']}-chart.svg")
+    chart.write_text(
+        render_svg(
+            points_of(trials),
+            baseline=s["baseline_tps"],
+            title=f"bench/e2e.py {spec['name']}: median tps per trial",
+        )
+    )
     return {
         "session_id": sid,
         "claimed_gain": s["gain"],
@@ -121,10 +137,23 @@ def tune(
         "wall_s": round(wall, 1),
         "benchmark_share": round(bench_s / wall, 3),
         "benchmark_share_trial_loop": round(bench_s / loop_wall, 3),
+        "overhead_s": overhead,
         "trials": len(trials),
         "knobs_tuned": sorted(start),
         "knobs_changed": {k: [start[k], v] for k, v in best.items() if start.get(k) != v},
         "best_config": best,
+        "notes": s["notes"],
+        "chart": chart.name,
+        "trials_list": [
+            [
+                t["index"],
+                t["role"],
+                t["knob"] or t["value"],
+                t["samples"]["median_tps"],
+                t["verdict"],
+            ]
+            for t in trials
+        ],
     }
 
 
@@ -196,7 +225,7 @@ def paired_gain(c: list[float], ref: list[float]) -> dict[str, Any]:
 
 
 def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    spec = WORKLOADS[name]
+    spec = {**WORKLOADS[name], "name": name}
     print(f"{name}: {spec['description']}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix=f"knobtune-e2e-{name}-") as tmp, Sandbox.create() as sb:
         service = ServiceProcess(Path(tmp))
@@ -231,6 +260,7 @@ def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
     vs_pgtune = paired_gain(levels["knobtune"], levels["pgtune"])
     claimed = session["claimed_gain"]
     kept = (vs_default["gain"] / claimed) if claimed and claimed > 0 else None
+    low, high = vs_default["ci95"]
     return {
         "workload": spec["description"],
         "session": session,
@@ -239,6 +269,8 @@ def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "knobtune_vs_default": vs_default,
         "knobtune_vs_pgtune": vs_pgtune,
         "share_of_claimed_gain_confirmed": None if kept is None else round(kept, 3),
+        # a small claim's share is mostly noise: is the claim inside the confirmed interval?
+        "claim_within_confirmed_ci95": claimed is not None and low <= claimed <= high,
     }
 
 
@@ -247,9 +279,9 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--workloads", default="W1,W2")
-    p.add_argument("--budget-s", type=float, default=600, help="tuning time budget per workload")
+    p.add_argument("--budget-s", type=float, default=900, help="tuning time budget per workload")
     p.add_argument(
-        "--duration", type=int, default=20, help="seconds per tuning run (incl. warm-up)"
+        "--duration", type=int, default=30, help="seconds per tuning run (incl. warm-up)"
     )
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--start", choices=["current", "heuristic"], default="current")
