@@ -172,6 +172,7 @@ def get(api: Api, path: str) -> Any:
 def wait_until(
     api: Api, sid: int, cond: Callable[[dict[str, Any]], bool], timeout: float, poll: float = 0.03
 ) -> dict[str, Any]:
+    """Poll the session until ``cond`` holds; an end before that is an error."""
     deadline = time.monotonic() + timeout
     last: dict[str, Any] | None = None
     while time.monotonic() < deadline:
@@ -187,16 +188,7 @@ def wait_until(
 
 
 def wait_final(api: Api, sid: int, timeout: float = 300) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    last: dict[str, Any] | None = None
-    while time.monotonic() < deadline:
-        s = get(api, f"/api/v1/sessions/{sid}")
-        if s is not None:
-            last = s
-            if s["status"] in FINAL:
-                return s
-        time.sleep(0.3)
-    raise RuntimeError(f"session {sid} did not finish: {last}")
+    return wait_until(api, sid, lambda s: s["status"] in FINAL, timeout, poll=0.3)
 
 
 def trials_of(api: Api, sid: int) -> list[dict[str, Any]]:

@@ -329,7 +329,7 @@ class CoordinateDescent:
         """Runs the final check still needs (what a wall-clock budget must leave room for)."""
         if self._concluding:
             return self._final_left
-        return self.final_runs if self._key(self._inc) != self._key(self._baseline) else 0
+        return self.final_runs if self._moved else 0
 
     # --- state -------------------------------------------------------------------------------
 
@@ -375,7 +375,7 @@ class CoordinateDescent:
         if not base:
             return None
         inc = self._runs.get(self._key(self._inc), [])
-        if self._key(self._inc) == self._key(self._baseline) or not inc:
+        if not self._moved or not inc:
             return Verdict(False, 0.0, None, "incumbent is the baseline", None, (len(base), 0))
         if self.checked:
             base, inc = self._final["final-baseline"], self._final["final-incumbent"]
@@ -430,6 +430,11 @@ class CoordinateDescent:
 
     # --- internals ---------------------------------------------------------------------------
 
+    @property
+    def _moved(self) -> bool:
+        """The incumbent differs from the baseline."""
+        return self._key(self._inc) != self._key(self._baseline)
+
     def _over_budget(self, trials: int) -> str | None:
         """Why ``trials`` runs in all would exceed the budget, or None if they fit."""
         if self.max_trials is not None and trials > self.max_trials:
@@ -462,7 +467,7 @@ class CoordinateDescent:
 
     def _final_check(self) -> _Walk:
         """Incumbent and baseline side by side, A B B A ..., to state the gain without drift."""
-        if self._key(self._inc) == self._key(self._baseline) or not self.final_runs:
+        if not self._moved or not self.final_runs:
             return
         keys = {"final-incumbent": self._inc, "final-baseline": self._baseline}
         # start with what the server already runs: one restart fewer
