@@ -18,6 +18,7 @@ from app.models import Trial, TuningSession
 from app.scheduler import Scheduler
 from app.service import ServiceError, start_sandboxes
 from app.settings import Settings, get_settings
+from app.web.routes import RenderedPages
 from app.web.routes import router as web_router
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.pages = RenderedPages()
 
     @app.exception_handler(ServiceError)
     def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:

@@ -303,19 +303,7 @@ def test_pages_cost_a_fixed_number_of_queries(tmp_path: Path) -> None:
                 return last
 
         def queries(path: str) -> int:
-            count = 0
-
-            def on_execute(*_args: Any) -> None:
-                nonlocal count
-                count += 1
-
-            event.listen(db.engine, "before_cursor_execute", on_execute)
-            try:
-                r = c.get(path)
-                assert r.status_code == 200, r.text
-            finally:
-                event.remove(db.engine, "before_cursor_execute", on_execute)
-            return count
+            return count_queries(c, db, path)[0]
 
         small = seed(2, 2)
         q_index_small, q_session_small = queries("/"), queries(f"/sessions/{small}")
@@ -330,6 +318,64 @@ def test_pages_cost_a_fixed_number_of_queries(tmp_path: Path) -> None:
         page = c.get(f"/sessions/{big}").text
         assert page.count('class="trial"') == 30
         assert 'class="trial-row' in page
+
+
+def test_a_session_page_is_rendered_once_a_second_and_a_cancel_shows_at_once(
+    tmp_path: Path,
+) -> None:
+    """Fifty viewers of a running session cost one render a second (bench/api_load.py)."""
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'meta.db'}", work_dir=tmp_path, run_scheduler=False
+    )
+    with TestClient(create_app(settings)) as c:
+        db: Database = c.app.state.db  # type: ignore[attr-defined]
+        now = utcnow()
+        with db.session() as s:
+            t = Target(name="t", dsn="host=/nowhere", probe={}, created_at=now)
+            s.add(t)
+            s.flush()
+            sess = fake_session(t.id, now)
+            sess.status, sess.phase, sess.finished_at = "running", "trial 1", None
+            s.add(sess)
+            s.flush()
+            s.add(fake_trial(sess.id, 1, now))
+            sid = sess.id
+        path = f"/sessions/{sid}"
+
+        first, page = count_queries(c, db, path)
+        assert first > 0
+        assert "cancelling" not in page
+        assert count_queries(c, db, path)[0] == 0  # the same second: no query at all
+
+        r = c.post(f"{path}/cancel", follow_redirects=False)
+        assert r.status_code == 303
+        after_cancel, page = count_queries(c, db, path)
+        assert after_cancel > 0  # not the stale page
+        assert "cancelling" in page
+
+        with db.session() as s:
+            s.add(fake_trial(sid, 2, now))
+        time.sleep(1.1)  # PAGE_TTL_S
+        later, page = count_queries(c, db, path)
+        assert later > 0
+        assert page.count('class="trial"') == 2
+
+
+def count_queries(c: TestClient, db: Database, path: str) -> tuple[int, str]:
+    """SQL statements one GET of ``path`` issued, and the page it returned."""
+    count = 0
+
+    def on_execute(*_args: Any) -> None:
+        nonlocal count
+        count += 1
+
+    event.listen(db.engine, "before_cursor_execute", on_execute)
+    try:
+        r = c.get(path)
+        assert r.status_code == 200, r.text
+    finally:
+        event.remove(db.engine, "before_cursor_execute", on_execute)
+    return count, r.text
 
 
 def fake_session(target_id: int, now: Any) -> TuningSession:
