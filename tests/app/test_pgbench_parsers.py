@@ -5,14 +5,17 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.postgres.pgbench import (
+    LatencyStats,
     LogEntry,
     ProgressSample,
     Summary,
+    _log_columns,
     latency_stats,
     parse_log_line,
     parse_progress_line,
@@ -191,6 +194,36 @@ def test_latency_stats_from_captured_log() -> None:
     assert stats.mean_ms == pytest.approx(sum(lats) / len(lats))
     assert lats[0] <= stats.p95_ms <= stats.p99_ms <= lats[-1]  # type: ignore[operator]
     assert set(stats.p95_per_second) == {1}  # 150+150 lines span well under a second
+
+
+@pytest.mark.parametrize(
+    ("extra", "in_c"),
+    [
+        ([], True),  # as captured
+        (["3 17 failed 0 1795280288 759580", "3 18 skipped 0 1795280288 759590"], True),
+        (["0 999 25"], False),  # a torn last line: the per-line parser takes over
+    ],
+)
+def test_latency_stats_in_c_match_the_line_parser(extra: list[str], in_c: bool) -> None:
+    lines = read("pg15_tpcb.txlog").splitlines() + extra
+    assert (_log_columns("\n".join(lines)) is not None) == in_c
+    fast = latency_stats(lines, warmup_s=0)
+    slow = latency_stats_by_line(lines)
+    assert fast.logged == slow.logged > 0
+    assert fast.failed == slow.failed == sum(" failed " in x for x in extra)
+    assert fast.mean_ms == pytest.approx(slow.mean_ms)
+    assert fast.p99_ms == pytest.approx(slow.p99_ms)
+
+
+def latency_stats_by_line(lines: list[str]) -> LatencyStats:
+    ok = [e for e in map(parse_log_line, lines) if e is not None]
+    lats = [e.latency_ms for e in ok if e.latency_ms is not None]
+    return LatencyStats(
+        mean_ms=sum(lats) / len(lats),
+        p99_ms=float(np.percentile(lats, 99)),
+        logged=len(lats),
+        failed=sum(e.failed for e in ok),
+    )
 
 
 def test_latency_stats_per_second_and_warmup() -> None:
