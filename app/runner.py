@@ -474,7 +474,9 @@ class SessionRunner:
                     f"time budget: final check of the best config after {len(trial_wall)} trials"
                 )
                 continue
-            if budget is not None and elapsed + expected > budget:
+            # The final check is never cut by the clock: its runs were planned into the
+            # budget above, and a session cut in the middle would claim an unchecked gain.
+            if budget is not None and not p.optimizer.concluding and elapsed + expected > budget:
                 self._note(f"time budget of {budget:.0f} s reached after {len(trial_wall)} trials")
                 break
             t0 = time.monotonic()

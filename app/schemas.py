@@ -127,7 +127,13 @@ class SessionIn(BaseModel):
     min_gain: float = Field(default=0.02, ge=0.0, le=1.0)
     max_p99_worsening: float | None = Field(default=None, ge=0.0, le=10.0)
     max_trials: int = Field(default=30, ge=1, le=1000)
-    time_budget_s: float | None = Field(default=None, gt=0, le=7 * 86_400)
+    time_budget_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=7 * 86_400,
+        description="Wall-clock limit. The walk stops in time for the final check, which is "
+        "never cut: a keep in the last minutes can overrun it by up to the check's 6 runs.",
+    )
     max_passes: int = Field(default=2, ge=1, le=6)
     on_finish: Literal["restore", "apply_best"] = "restore"
     allow_unsafe: bool = False
