@@ -18,6 +18,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.engine import Dialect
@@ -67,6 +68,8 @@ class Target(Base):
     sandbox_dir: Mapped[str | None] = mapped_column(Text)  # managed local cluster
     probe: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime]
+    # Set instead of deleting a target whose sessions are kept as history.
+    retired_at: Mapped[datetime | None]
 
     sessions: Mapped[list[TuningSession]] = relationship(back_populates="target")
 
@@ -103,6 +106,14 @@ class TuningSession(Base):
     baseline_tps: Mapped[float | None] = mapped_column(Float)
     best_tps: Mapped[float | None] = mapped_column(Float)
     gain: Mapped[float | None] = mapped_column(Float)
+    # confirmed (the final check measured it), unconfirmed (the check was cut: the walk's
+    # figure only), or no-change (nothing recommended); None before any verdict
+    gain_status: Mapped[str | None] = mapped_column(String(16))
+    gain_p_value: Mapped[float | None] = mapped_column(Float)
+    gain_ci_low: Mapped[float | None] = mapped_column(Float)  # 95% interval of the gain
+    gain_ci_high: Mapped[float | None] = mapped_column(Float)
+    # per stream (and per query/script): baseline vs best levels and latencies
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     trials_planned: Mapped[int | None] = mapped_column(Integer)
     benchmark_s: Mapped[float] = mapped_column(Float, default=0.0)
     live: Mapped[dict[str, Any] | None] = mapped_column(JSON)
@@ -148,6 +159,13 @@ class Trial(Base):
     p_value: Mapped[float | None] = mapped_column(Float)
     reason: Mapped[str | None] = mapped_column(Text)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # per stream and script: transactions, mean latency and its variance; the run's level
+    evidence: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    host: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # load average, CPU (local)
+    # the incumbent's own runs moved more than the noise allows around this run
+    drift: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    ci_low: Mapped[float | None] = mapped_column(Float)  # 95% interval of the verdict's gain
+    ci_high: Mapped[float | None] = mapped_column(Float)
     timings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime]

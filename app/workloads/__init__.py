@@ -1,0 +1,1 @@
+"""Workload kinds: each prepares its data and describes a run as pgbench streams."""
