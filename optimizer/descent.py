@@ -41,20 +41,43 @@ incumbent's runs minutes later let drift and the winner's curse pass for a gain
 claim of +62% was confirmed as +45% (W2); runs vary ~5-7%.
 If the final check measures the walk's best config less than ``min_gain`` better than the
 baseline, the incumbent goes back to the baseline: the session recommends no change
-(``unconfirmed`` keeps what the walk found). The walk leaves room for the final check in
-``max_trials`` and ``max_benchmark_s``; a caller with a wall-clock budget calls
-:meth:`conclude` when the time left is about that many runs.
+(``final_rejected`` keeps what the walk found). The final check's runs are **set aside
+from the start** in ``max_trials`` and ``max_benchmark_s`` (a budget that cannot hold the
+baseline, one evaluation and the check raises :class:`BudgetError` with the minimum),
+so a keep in the walk's last run is still checked; a caller with a wall-clock budget
+calls :meth:`conclude` when the time left is about that many runs. :attr:`claim` says
+how sure the claimed gain is: confirmed, no-change, unconfirmed (the check was cut by a
+cancel or a failure) or none.
 
-Every candidate is evaluated group-sequentially with :func:`optimizer.verdict.judge`
-(see its docstring): one run first, then a verdict after every run. It is kept as soon as
-the verdict is credible (and the incumbent has at least two recent runs); rejected as
-soon as it is futile (measured worse, or even its optimistic bound misses ``min_gain``);
-given up as "not worth proving here" after ``promising_after`` runs below ``promising``;
-otherwise the incumbent is re-measured whenever it has fewer recent runs than the
-candidate (interleaving, so slow drift cannot pass for a gain; runs older than
-``incumbent_window`` trials do not count) and the candidate gets more runs, up to
-``max_candidate_runs``. The verdict's drift prior is pooled with the replicate runs of
-the whole session (``learn_noise``).
+Every candidate is evaluated group-sequentially with :func:`optimizer.verdict.compare`
+(see its docstring): one run first, then a verdict after every run.
+
+* **Rejecting** needs no adjacency: a candidate is rejected as soon as it is futile
+  (measured worse, or even its optimistic 80% bound misses ``min_gain``) against the
+  incumbent's recent runs (within ``incumbent_window`` trials, since its last shift); given
+  up as "not worth proving here" after ``promising_after`` runs below ``promising``; or
+  after ``max_candidate_runs``.
+* **Keeping** needs time-adjacent evidence: the window is the candidate's runs and the
+  incumbent's runs from ``adjacent_gap`` trials before the first candidate run on, and
+  it must be interleaved and balanced in time (I C I, then C I ...: every candidate run
+  bracketed by incumbent runs, mean times within ``balance`` runs). A step in the server's
+  load between the incumbent's runs and the candidate's then shows up as scatter, not as
+  a gain. Issue 14's session kept a no-op work_mem change as +21.9% (p=0.022) from 2
+  baseline runs before a load change and 3 candidate runs after it; tests/optimizer/
+  test_neighbour.py replays that shape.
+* **Shifts**: two consecutive runs of one config (within ``incumbent_window`` trials) more
+  than SHIFT_Z noise sds apart mean the load moved. It is recorded (:attr:`shifts`, for the
+  session's notes and chart), the config's older runs stop counting as recent, and an
+  evaluation whose window holds the shift restarts its window after it and re-measures;
+  after ``max_shifts`` shifts it ends undecided (not kept).
+
+Cost and effect (bench/optimizer.py, simulated 60 s runs, 20 seeds): no-op candidates kept
+0.4% (1.7% before time adjacency), +15% candidates kept 94%; runs per no-op candidate 2.2
+(1.95); with PGTune hints 97.2/97.6/96.0% of the optimum at 40 runs as before, without
+hints 92.8/84.1/90.5% (92.8/82.3/91.9%). With a noisy neighbour (x0.6-0.9 a third of the
+time, in ~2-minute episodes), 2-4% of whole no-op sessions recommended a change, against
+14.5% and 20% before time adjacency (incumbent runs from anywhere in the last 10 trials).
+The drift prior is pooled with the replicate runs of the whole session (``learn_noise``).
 
 Everything is driven by ``suggest()``/``register()`` and is a pure function of the
 registered measurements (no randomness; ``seed`` is recorded only), so re-registering the
@@ -66,15 +89,70 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from optimizer.evidence import FLOOR, Objective, StreamStat, as_objective, run_level
 from optimizer.knobs import Config, Knob, KnobError
 from optimizer.render import KnobNote, Recommendation
-from optimizer.verdict import ALPHA, PRIOR_DF, RUN_SD, Objective, RunStat, Verdict, judge, run_stat
+from optimizer.verdict import (
+    ALPHA,
+    PRIOR_DF,
+    RUN_SD,
+    SHIFT_Z,
+    Run,
+    RunStat,
+    Verdict,
+    compare,
+    run_stat,
+    shifts,
+)
 
 Role = Literal["baseline", "candidate", "incumbent", "final-baseline", "final-incumbent"]
 Value = float | str
+Claim = Literal["none", "confirmed", "not-credible", "no-change", "unconfirmed"]
+MIN_WALK_RUNS = 3
+"""Runs a session needs between its baseline and its final check: one evaluation, C I C."""
+
+
+class BudgetError(ValueError):
+    """The budget cannot hold the baseline, a first evaluation and the final check."""
+
+    def __init__(self, message: str, minimum: float) -> None:
+        super().__init__(message)
+        self.minimum = minimum
+
+
+def check_budget(
+    *,
+    max_trials: int | None,
+    max_benchmark_s: float | None,
+    run_seconds: float,
+    baseline_runs: int = 2,
+    final_runs: int = 6,
+) -> int:
+    """The fewest trials a session needs; :class:`BudgetError` if the budget holds fewer.
+
+    A session needs its baseline, one evaluation (C I C) and its final check, whose runs are
+    set aside from the start: a budget that cannot hold them is refused up front rather
+    than ending with an unchecked claim.
+    """
+    need = baseline_runs + MIN_WALK_RUNS + final_runs
+    parts = (
+        f"the baseline ({baseline_runs} runs), a first evaluation ({MIN_WALK_RUNS}) and "
+        f"the final check ({final_runs}, set aside from the start)"
+    )
+    if max_trials is not None and max_trials < need:
+        raise BudgetError(
+            f"max_trials={max_trials} cannot hold {parts}: give max_trials >= {need}", need
+        )
+    if max_benchmark_s is not None and max_benchmark_s < need * run_seconds:
+        raise BudgetError(
+            f"a benchmark time budget of {max_benchmark_s:g} s cannot hold {parts} of "
+            f"{run_seconds:g} s each: give at least {need * run_seconds:g} s",
+            need * run_seconds,
+        )
+    return need
 
 
 @dataclass(frozen=True)
@@ -103,6 +181,9 @@ class Measurement:
     latency_p95_samples: tuple[float, ...] = ()  # per-second p95, for objective latency_p95
     failed: bool = False  # pgbench aborted, server did not start: the candidate is rejected
     error: str | None = None
+    # per-transaction evidence per stream; when present the run's level comes from it
+    # (optimizer/evidence.py) and the per-second samples are for display only
+    streams: tuple[StreamStat, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,11 +197,30 @@ class _Request:
 
 
 @dataclass(frozen=True)
-class _Run:
-    index: int
-    values: tuple[float, ...]  # objective samples (throughput or p95 latency per second)
-    p99: float | None
-    stat: RunStat
+class _Run(Run):
+    """A run of this session: :class:`~optimizer.verdict.Run` with its trial index as time."""
+
+    @property
+    def index(self) -> int:
+        return int(self.t)
+
+
+@dataclass(frozen=True)
+class Shift:
+    """Runs of one config that moved more than the noise allows: the server's load changed."""
+
+    trial: int  # the later run's trial index
+    earlier: int  # the earlier run's trial index
+    change: float  # fraction the later run is above (+) or below (-) the earlier
+    allowed: float  # the change the noise allows (SHIFT_Z sds of a difference)
+    about: str  # what was being evaluated
+
+    def text(self) -> str:
+        return (
+            f"the server's load moved: runs {self.earlier + 1} and {self.trial + 1} of one "
+            f"config differ by {self.change:+.0%} (noise allows about +-{self.allowed:.0%}) "
+            f"while evaluating {self.about}; re-measuring instead of deciding"
+        )
 
 
 class _Cancel:
@@ -150,7 +250,7 @@ class CoordinateDescent:
         start: Config,
         *,
         seed: int = 0,
-        objective: Objective = "throughput",
+        objective: Objective | str = "throughput",
         min_gain: float = 0.02,
         max_p99_worsening: float | None = None,
         max_trials: int | None = 30,
@@ -172,28 +272,38 @@ class CoordinateDescent:
         hints: Mapping[str, str] | None = None,
         joint_hints: bool = True,
         final_runs: int = 6,
+        adjacent_gap: int = 3,
+        max_shifts: int = 2,
+        balance: float = 0.5,
     ) -> None:
         if not space:
             raise KnobError("the knob space is empty: pick at least one knob")
         names = [k.name for k in space]
         if len(set(names)) != len(names):
             raise KnobError("the knob space lists a knob twice")
-        if objective not in ("throughput", "latency_p95"):
-            raise ValueError(f"objective must be 'throughput' or 'latency_p95', not {objective!r}")
+        obj = as_objective(objective)
         if min_gain < 0 or max_passes < 1 or run_seconds <= 0 or baseline_runs < 1:
             raise ValueError(
                 "need min_gain >= 0, max_passes >= 1, run_seconds > 0, baseline_runs >= 1"
             )
         if max_candidate_runs < 1 or look_ahead < 0 or incumbent_window < 1:
             raise ValueError("need max_candidate_runs >= 1, look_ahead >= 0, incumbent_window >= 1")
-        if max_trials is not None and max_trials < 0:
-            raise ValueError("max_trials must be >= 0")
         if final_runs < 0 or final_runs % 2:
             raise ValueError("final_runs must be an even number >= 0 (A B B A A B ...)")
+        if adjacent_gap < 1 or max_shifts < 0:
+            raise ValueError("need adjacent_gap >= 1 and max_shifts >= 0")
+        self.min_trials = check_budget(
+            max_trials=max_trials,
+            max_benchmark_s=max_benchmark_s,
+            run_seconds=run_seconds,
+            baseline_runs=baseline_runs,
+            final_runs=final_runs,
+        )
         self.space: tuple[Knob, ...] = tuple(space)
         self._knobs = {k.name: k for k in self.space}
         self.seed = seed  # the walk is deterministic; kept so a session records its arguments
-        self.objective: Objective = objective
+        self.objective_spec: Objective = obj
+        self.objective = obj.kind
         self.min_gain = min_gain
         self.max_p99_worsening = max_p99_worsening
         self.max_trials = max_trials
@@ -214,6 +324,12 @@ class CoordinateDescent:
         self.coarse = coarse
         self.joint_hints = joint_hints
         self.final_runs = final_runs
+        self.adjacent_gap = adjacent_gap
+        self.balance = balance
+        self.max_shifts = max_shifts
+        self._limits_lat: dict[str, float] = {f"p95:{k}": v for k, v in obj.p95_limits.items()}
+        if max_p99_worsening is not None:
+            self._limits_lat["p99"] = max_p99_worsening
 
         # unknown keys in start are ignored: the service may pass every setting it read
         self._baseline: dict[str, Value] = {}
@@ -244,7 +360,10 @@ class CoordinateDescent:
         self._final: dict[str, list[_Run]] = {}  # role -> runs, once the final check began
         self._final_left = 0  # runs of the final check still to perform
         self.final_verdict: Verdict | None = None  # the final check's, once it is complete
-        self.unconfirmed: Config | None = None  # the walk's best, if the final check failed it
+        self.final_rejected: Config | None = None  # the walk's best, if the final check failed it
+        self.shifts: list[Shift] = []  # load shifts seen, in order
+        self._shifted_at: dict[Key, int] = {}  # config -> trial of its latest shift
+        self._about = "the baseline"  # what the current runs are for (shift reports)
         self._concluding = False
         self._last_config: Config | None = None  # what the server ran last, as far as we know
         self._gen: _Walk = self._walk()
@@ -326,10 +445,31 @@ class CoordinateDescent:
 
     @property
     def final_runs_left(self) -> int:
-        """Runs the final check still needs (what a wall-clock budget must leave room for)."""
+        """Runs set aside for the final check (what a wall-clock budget must leave room for).
+
+        Reserved from the start, whether or not the walk has kept anything yet: a keep in
+        the walk's last run must still be checked.
+        """
         if self._concluding:
             return self._final_left
-        return self.final_runs if self._moved else 0
+        return self.final_runs
+
+    @property
+    def claim(self) -> Claim:
+        """How sure the session's claimed gain (:meth:`overall`) is.
+
+        ``confirmed``: the final check measured it, credibly; ``not-credible``: the check
+        measured at least min_gain but not at the verdict's error rate; ``no-change``: the
+        final check found the walk's best less than min_gain better, so nothing is
+        recommended; ``unconfirmed``: the incumbent moved but the check did not complete
+        (cancel, failure): the figure comes from the walk's runs, drift and the winner's
+        curse included; ``none``: nothing was kept.
+        """
+        if self.final_verdict is not None:
+            if self.final_rejected is not None:
+                return "no-change"
+            return "confirmed" if self.final_verdict.keep else "not-credible"
+        return "unconfirmed" if self._moved else "none"
 
     # --- state -------------------------------------------------------------------------------
 
@@ -377,9 +517,11 @@ class CoordinateDescent:
         inc = self._runs.get(self._key(self._inc), [])
         if not self._moved or not inc:
             return Verdict(False, 0.0, None, "incumbent is the baseline", None, (len(base), 0))
+        keys = (self._key(self._baseline), self._key(self._inc))
         if self.checked:
             base, inc = self._final["final-baseline"], self._final["final-incumbent"]
-        return self._judge((self._key(self._baseline), self._key(self._inc)), base, inc)
+            return self._judge(keys, base, inc)
+        return self._judge(keys, base, inc)
 
     def planned_trials(self) -> int:
         """Rough total number of trials for an ETA: what the walk would take, within budget."""
@@ -426,6 +568,8 @@ class CoordinateDescent:
             objective=self.objective,
             trials=self._trials,
             header=dict(header or {}),
+            gain_status=self.claim,
+            overall_ci=ov.ci if ov is not None and ov.runs[1] > 0 else None,
         )
 
     # --- internals ---------------------------------------------------------------------------
@@ -453,8 +597,7 @@ class CoordinateDescent:
         if self._next is None:
             self._begin_final(None)
             return
-        reserve = self.final_runs_left
-        if reserve and self._over_budget(self._trials + 1 + reserve) is not None:
+        if self.final_runs and self._over_budget(self._trials + 1 + self.final_runs) is not None:
             self._begin_final("budget left for the final check only")
 
     def _begin_final(self, why: str | None) -> None:
@@ -477,6 +620,7 @@ class CoordinateDescent:
         order = [first, second, second, first] * (self.final_runs // 4)
         order += [first, second][: self.final_runs % 4]
         self._final_left = len(order)
+        self._about = "the final check"
         for role in order:
             values = keys[role]
             m = yield _Request(self._config(values), None, None, role, None)
@@ -488,13 +632,33 @@ class CoordinateDescent:
                 self._final.setdefault(role, []).append(run)
         v = self.overall()
         if self.checked and v is not None:
-            self.final_verdict = v
+            moved = self._final_shifts()
+            self.final_verdict = replace(v, shift=bool(moved))
             if v.gain < self.min_gain:
                 # Side by side, not even min_gain better than what the server ran: no change
                 # is worth recommending. (Not "credibly better" again: with 3 runs each that
                 # discarded real +9% gains half the time in bench/optimizer.py.)
-                self.unconfirmed = self.incumbent
+                self.final_rejected = self.incumbent
                 self._inc = dict(self._baseline)
+
+    def _final_shifts(self) -> list[Shift]:
+        """Load shifts inside the final check (its interval already counts them as noise)."""
+        first = min(r.index for runs in self._final.values() for r in runs)
+        return [sh for sh in self.shifts if sh.trial > first]
+
+    def _shift(self, a: Run, b: Run, about: str) -> Shift:
+        sd = math.sqrt(2 * self.run_sd**2 + a.stat.within_var + b.stat.within_var)
+        allowed = math.expm1(SHIFT_Z * sd)
+        sh = Shift(
+            trial=int(b.t),
+            earlier=int(a.t),
+            change=math.expm1(b.stat.centre - a.stat.centre),
+            allowed=allowed,
+            about=about,
+        )
+        if all((x.trial, x.earlier) != (sh.trial, sh.earlier) for x in self.shifts):
+            self.shifts.append(sh)
+        return sh
 
     def _advance(self, m: Measurement | _Cancel | None) -> _Request | None:
         try:
@@ -508,25 +672,50 @@ class CoordinateDescent:
     def _key(self, values: Mapping[str, Value]) -> Key:
         return tuple((k.name, values[k.name]) for k in self.space)
 
-    def _objective_values(self, m: Measurement) -> tuple[float, ...]:
-        if self.objective == "throughput":
-            return tuple(m.samples)
-        if m.latency_p95_samples:
-            return tuple(m.latency_p95_samples)
-        return (m.latency_p95_ms,) if m.latency_p95_ms is not None else ()
+    def _level(self, m: Measurement) -> RunStat | None:
+        """The run's level by the objective; None if it carries no usable evidence."""
+        if m.streams:
+            st = run_level(m.streams, self.objective_spec)
+            return st if st.centre > FLOOR else None
+        kind = self.objective
+        if kind == "throughput":
+            vals: tuple[float, ...] = tuple(m.samples)
+        elif kind == "latency_p95":
+            vals = m.latency_p95_samples or (
+                (m.latency_p95_ms,) if m.latency_p95_ms is not None else ()
+            )
+        else:
+            return None  # query times need per-transaction evidence
+        if not vals or any(not math.isfinite(v) or v < 0 for v in vals):
+            return None
+        return run_stat(vals, lower_is_better=kind == "latency_p95")
 
     def _record(self, key: Key, m: Measurement) -> _Run | None:
-        """Store a successful run; None if it failed or carried no usable samples."""
-        vals = self._objective_values(m)
-        if m.failed or not vals or any(not math.isfinite(v) or v < 0 for v in vals):
+        """Store a successful run; None if it failed or carried no usable evidence."""
+        if m.failed:
             return None
-        run = _Run(self._trials - 1, vals, m.latency_p99_ms, run_stat(vals))
-        self._runs.setdefault(key, []).append(run)
+        stat = self._level(m)
+        if stat is None:
+            return None
+        latency: dict[str, float] = {}
+        if m.latency_p99_ms is not None and m.latency_p99_ms > 0:
+            latency["p99"] = math.log(m.latency_p99_ms)
+        for s in m.streams:
+            if s.p95_ms is not None and s.p95_ms > 0:
+                latency[f"p95:{s.name}"] = math.log(s.p95_ms)
+        run = _Run(float(self._trials - 1), stat, latency)
+        runs = self._runs.setdefault(key, [])
+        if runs and run.index - runs[-1].index <= self.incumbent_window:
+            for a, b, _z in shifts([runs[-1], run], self.run_sd):
+                self._shift(a, b, self._about)
+                self._shifted_at[key] = run.index  # older runs no longer describe it
+        runs.append(run)
         return run
 
     def _recent(self, key: Key) -> list[_Run]:
-        """The incumbent's runs recent enough to compare with (slow drift makes old runs stale)."""
-        oldest = self._trials - self.incumbent_window
+        """The incumbent's runs recent enough to compare with: within ``incumbent_window``
+        trials (slow drift makes old runs stale) and since its last load shift."""
+        oldest = max(self._trials - self.incumbent_window, self._shifted_at.get(key, 0))
         runs = [r for r in self._runs.get(key, []) if r.index >= oldest]
         return runs[-self.max_candidate_runs :]
 
@@ -554,22 +743,23 @@ class CoordinateDescent:
         var = (PRIOR_DF * self.run_sd**2 + df * between) / (PRIOR_DF + df)
         return math.sqrt(var), PRIOR_DF + df
 
-    def _judge(self, keys: tuple[Key, Key], inc: Sequence[_Run], cand: Sequence[_Run]) -> Verdict:
+    def _judge(
+        self,
+        keys: tuple[Key, Key],
+        inc: Sequence[_Run],
+        cand: Sequence[_Run],
+    ) -> Verdict:
         run_sd, prior_df = self._noise(keys)
-        p99_i = [r.p99 for r in inc if r.p99 is not None]
-        p99_c = [r.p99 for r in cand if r.p99 is not None]
-        use_p99 = len(p99_i) == len(inc) and len(p99_c) == len(cand)
-        return judge(
-            [r.values for r in inc],
-            [r.values for r in cand],
+        return compare(
+            inc,
+            cand,
             min_gain=self.min_gain,
-            objective=self.objective,
             alpha=self.alpha,
             run_sd=run_sd,
             prior_df=prior_df,
-            max_p99_worsening=self.max_p99_worsening if use_p99 else None,
-            incumbent_p99=p99_i if use_p99 else (),
-            candidate_p99=p99_c if use_p99 else (),
+            lower_is_better=self.objective_spec.lower_is_better,
+            limits=self._limits_lat,
+            balance=self.balance,
         )
 
     def _walk(self) -> _Walk:
@@ -652,7 +842,7 @@ class CoordinateDescent:
                 if v.p_value is None or v.gain < -self.cliff:
                     break  # failed run or cliff: nothing to find past it
                 assert v.se is not None
-                if math.log1p(v.gain) + 1.28 * v.se < 0:
+                if self._log_ratio(v.gain) + 1.28 * v.se < 0:
                     worse += 1  # clearly worse: one look-ahead past it (a dip), then stop
                     if worse > self.look_ahead:
                         break
@@ -681,33 +871,67 @@ class CoordinateDescent:
             name, text = knob.name, knob.format(value)
         cfg = self._config(cand_vals)
         key, inc_key = self._key(cand_vals), self._key(self._inc)
+        self._about = text if name is None else f"{name}={text}"
         cand: list[_Run] = []
         inc_failures = 0
+        since = -1  # runs before this trial are not time-adjacent evidence (see below)
+        moved = 0  # load shifts seen during this evaluation
+        last: Role | None = None
         while True:
-            inc = self._recent(inc_key)
-            if cand and inc:
-                v = self._judge((inc_key, key), inc, cand)
-                if v.keep and len(inc) >= 2:
-                    self._inc = cand_vals
-                    if name is not None:
-                        g = self._gain_by_knob.get(name, 0.0)
-                        self._gain_by_knob[name] = (1 + g) * (1 + v.gain) - 1
-                    return self._finish(name, text, v)
-                assert v.se is not None
-                # futile: measured worse, or even an optimistic bound (80%) misses min_gain
-                upper = math.log1p(max(v.gain, -0.999)) + 1.28 * v.se
-                if v.gain < 0 or upper < math.log1p(self.min_gain):
-                    return self._finish(name, text, v)
-                if len(cand) >= self.max_candidate_runs and len(inc) >= len(cand):
-                    return self._finish(name, text, v)
-                if len(cand) >= self.promising_after and v.gain < self.promising:
-                    # better, but by too little to confirm cheaply: let the walk look further
-                    return self._finish(name, text, v)
-            if cand and (len(inc) < 2 or len(inc) < len(cand)):
-                # interleave: the incumbent needs recent runs of its own before a keep
+            window_inc = [r for r in self._runs.get(inc_key, []) if r.index >= since]
+            window_cand = [r for r in cand if r.index >= since]
+            if cand:
+                v = None
+                if window_inc and window_cand:
+                    # time-adjacent: incumbent and candidate interleaved and balanced in time
+                    v = self._judge((inc_key, key), window_inc, window_cand)
+                    # a shift between two runs inside the window (earlier ones do no harm:
+                    # the window's runs all come after them)
+                    found = [sh for sh in self.shifts if sh.earlier >= since]
+                    if found:
+                        # the server's load moved inside the window: decide nothing on it;
+                        # start the window again after the latest shift and re-measure
+                        moved += len(found)
+                        since = max(sh.trial for sh in found)
+                        v = replace(v, keep=False, shift=True)
+                    elif v.keep and v.adjacent:
+                        self._inc = cand_vals
+                        if name is not None:
+                            g = self._gain_by_knob.get(name, 0.0)
+                            self._gain_by_knob[name] = (1 + g) * (1 + v.gain) - 1
+                        return self._finish(name, text, v)
+                if v is None or not v.adjacent:
+                    # no adjacent evidence yet: the recent incumbent runs can still show
+                    # that the candidate is not worth more runs (rejecting needs no adjacency)
+                    recent = self._recent(inc_key)
+                    if recent:
+                        v = self._judge((inc_key, key), recent, cand)
+                        v = replace(v, keep=False)
+                if v is not None:
+                    assert v.se is not None
+                    d = self._log_ratio(v.gain)
+                    # futile: measured worse, or even an optimistic bound (80%) misses min_gain
+                    if v.gain < 0 or d + 1.28 * v.se < self._log_ratio(self.min_gain):
+                        return self._finish(name, text, self._not_kept(v))
+                    if moved > self.max_shifts:
+                        why = (
+                            f"undecided: the server's load moved {moved} times while "
+                            f"measuring ({v.gain:+.1%} on the last window); not kept"
+                        )
+                        return self._finish(name, text, replace(v, keep=False, reason=why))
+                    balanced = len(window_inc) >= len(window_cand)
+                    if len(cand) >= self.max_candidate_runs and balanced:
+                        return self._finish(name, text, self._not_kept(v))
+                    if len(cand) >= self.max_candidate_runs + 2 * self.max_shifts:
+                        return self._finish(name, text, self._not_kept(v))
+                    if len(cand) >= self.promising_after and v.gain < self.promising:
+                        # better, but by too little to confirm cheaply: let the walk look further
+                        return self._finish(name, text, self._not_kept(v))
+            if cand and self._incumbent_next(window_inc, window_cand, last):
                 m = yield _Request(
                     self._config(self._inc), None, None, "incumbent", name, tuple(joint or ())
                 )
+                last = "incumbent"
                 if isinstance(m, _Cancel):
                     return None
                 if self._record(inc_key, m) is None:
@@ -717,6 +941,7 @@ class CoordinateDescent:
                         return self._finish(name, text, v)
                 continue
             m = yield _Request(cfg, name, text, "candidate", name, tuple(joint or ()))
+            last = "candidate"
             if isinstance(m, _Cancel):
                 return None
             if self._record(key, m) is None:
@@ -725,6 +950,43 @@ class CoordinateDescent:
                 why = m.error or ("run failed" if m.failed else "no usable samples")
                 return self._finish(name, text, Verdict(False, 0.0, None, f"rejected: {why}"))
             cand.append(self._runs[key][-1])
+            if since < 0:
+                # the incumbent's runs just before the first candidate run are adjacent
+                # (a candidate rejected after one run may sit in between)
+                since = cand[0].index - self.adjacent_gap
+
+    def _incumbent_next(self, inc: Sequence[_Run], cand: Sequence[_Run], last: Role | None) -> bool:
+        """Whether the next run of an evaluation measures the incumbent (else the candidate).
+
+        A keep needs the window balanced in time (:func:`optimizer.verdict.compare`): an
+        incumbent run after the last candidate run, then whichever side's mean time lags
+        (I C I, then C I, C I ...: every candidate run bracketed). Once balanced, the side
+        with fewer runs goes next, on a tie the one that did not run last.
+        """
+        if not cand:
+            return False
+        if not inc or inc[-1].index < cand[-1].index:
+            return True
+        ti = sum(r.index for r in inc) / len(inc)
+        tc = sum(r.index for r in cand) / len(cand)
+        if abs(ti - tc) > self.balance:
+            return ti < tc
+        if len(inc) != len(cand):
+            return len(inc) < len(cand)
+        return last == "candidate"
+
+    def _log_ratio(self, gain: float) -> float:
+        """The log ratio of levels behind a gain (a fraction better) for this objective."""
+        return self.objective_spec.log_ratio(min(max(gain, -0.999), 0.999))
+
+    def _not_kept(self, v: Verdict) -> Verdict:
+        """An evaluation ended without a keep (its verdict may have been credible but not
+        time-adjacent, or shifted)."""
+        if not v.keep:
+            return v
+        return replace(
+            v, keep=False, reason=v.reason.replace("kept", "not kept (no adjacent runs)")
+        )
 
     def _finish(self, name: str | None, text: str, v: Verdict) -> Verdict:
         self._verdicts.append((self._trials - 1, name or "", text, v))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from optimizer.catalogue import CATALOGUE
@@ -32,6 +32,8 @@ class KnobNote:
     needs_restart: bool = False
     durability_unsafe: bool = False
     excluded: str | None = None  # why the knob was dropped, if it was
+    # kept as part of several knobs changed at once (the hints): that candidate's gain
+    together: float | None = None
 
     @property
     def changed(self) -> bool:
@@ -54,6 +56,13 @@ class Recommendation:
     objective: str = "throughput"
     trials: int = 0
     header: Mapping[str, str] = field(default_factory=dict)
+    # how sure overall_gain is: confirmed (a final check measured it), not-credible (it
+    # measured min_gain or more, but not credibly), unconfirmed (the
+    # check did not complete), no-change (the check found nothing worth recommending),
+    # none (nothing was kept); None: not known (an old session)
+    gain_status: str | None = None
+    overall_ci: tuple[float, float] | None = None  # 95% interval of overall_gain
+    check: str | None = None  # what the final check was, e.g. "3 + 3 side-by-side runs"
 
     @classmethod
     def from_trials(
@@ -61,23 +70,29 @@ class Recommendation:
         *,
         original: Mapping[str, str],
         recommended: Mapping[str, str],
-        trials: Iterable[tuple[str | None, str | None, float | None]] = (),
+        trials: Iterable[tuple[str | Sequence[str] | None, str | None, float | None]] = (),
         overall_gain: float | None = None,
         overall_p_value: float | None = None,
         header: Mapping[str, object] | None = None,
         unsafe: Iterable[str] = (),
         objective: str = "throughput",
+        gain_status: str | None = None,
+        overall_ci: tuple[float, float] | None = None,
+        check: str | None = None,
     ) -> Recommendation:
-        """Build from stored trials: (knob or None, "keep"/"revert"/None, gain or None) each.
+        """Build from stored trials: (knob(s) or None, "keep"/"revert"/None, gain or None) each.
 
-        Per knob: trials = candidate runs that changed it, gain = the kept gains compounded.
+        A trial that changed several knobs at once (the PGTune-style hints) names them all:
+        each counts as tried. Per knob: trials = candidate runs that changed it, gain = the
+        kept gains of its own trials compounded.
         """
-        rows = list(trials)
+        rows = [((k,) if isinstance(k, str) else tuple(k or ()), v, g) for k, v, g in trials]
         unsafe_set = set(unsafe)
         notes = []
         for name in dict.fromkeys([*original, *recommended]):
-            mine = [(v, g) for k, v, g in rows if k == name]
+            mine = [(v, g if len(ks) == 1 else None) for ks, v, g in rows if name in ks]
             kept = [g for v, g in mine if v == "keep" and g is not None]
+            joint = [g for ks, v, g in rows if name in ks and len(ks) > 1 and v == "keep"]
             gain = None
             if kept:
                 total = 1.0
@@ -96,6 +111,7 @@ class Recommendation:
                     needs_restart=spec is not None and spec.context == "postmaster",
                     durability_unsafe=name in unsafe_set
                     or (spec is not None and spec.durability_unsafe),
+                    together=joint[-1] if joint else None,
                 )
             )
         return cls(
@@ -107,6 +123,9 @@ class Recommendation:
             objective=objective,
             trials=len(rows),
             header={str(k): str(v) for k, v in (header or {}).items()},
+            gain_status=gain_status,
+            overall_ci=overall_ci,
+            check=check,
         )
 
     def changed(self) -> list[KnobNote]:
@@ -163,18 +182,65 @@ def _conf_value(value: str) -> str:
 
 
 def _evidence(n: KnobNote) -> str:
-    gain = f"{n.gain:+.1%} measured" if n.gain is not None else "no measured gain"
+    if n.gain is not None:
+        gain = f"{n.gain:+.1%} measured"
+    elif n.together is not None:
+        gain = f"{n.together:+.1%} measured together with the other hinted knobs"
+    else:
+        gain = "no measured gain"
     restart = ", needs restart" if n.needs_restart else ""
     return f"{n.original} -> {n.recommended} ({gain}, {n.trials} trials{restart})"
+
+
+STATUS_LABELS = {
+    "confirmed": "confirmed by the final check",
+    "not-credible": "not credible",
+    "unconfirmed": "UNCONFIRMED",
+    "no-change": "no change recommended",
+}
+
+
+def status_label(status: str | None) -> str:
+    """How sure a claimed gain is, in a few words for a list or a card ('' if nothing to say)."""
+    return STATUS_LABELS.get(status or "", "")
+
+
+def claim_text(rec: Recommendation) -> str | None:
+    """The session's claimed gain in one line, saying how sure it is (None: nothing to say)."""
+    g, status = rec.overall_gain, rec.gain_status
+    if status == "none":
+        return "no credible gain found: the original config stays as it is"
+    if status == "no-change":
+        seen = f" measured the walk's best {g:+.1%}" if g is not None else ""
+        return f"no change recommended: the final check{seen}, less than min_gain better"
+    if g is None:
+        return None
+    ci = f"95% CI {rec.overall_ci[0]:+.1%}..{rec.overall_ci[1]:+.1%}, " if rec.overall_ci else ""
+    p = f"p={rec.overall_p_value:.2g}" if rec.overall_p_value is not None else "p=n/a"
+    if status == "confirmed":
+        how = f"; confirmed by the final check ({rec.check})" if rec.check else ""
+        return f"overall measured gain vs original: {g:+.1%} ({ci}{p}{how})"
+    if status == "not-credible":
+        how = f" ({rec.check})" if rec.check else ""
+        return (
+            f"overall measured gain vs original: {g:+.1%} ({ci}{p}): measured by the final "
+            f"check{how} but NOT CREDIBLE at the verdict's error rate; it may be noise"
+        )
+    if status == "unconfirmed":
+        return (
+            f"overall gain vs original: {g:+.1%} UNCONFIRMED ({ci}{p}): the final check "
+            "did not complete, so this compares runs minutes apart and may be load drift"
+        )
+    return f"overall measured gain vs original: {g:+.1%} ({ci}{p})"
 
 
 def _header_lines(rec: Recommendation, prefix: str) -> list[str]:
     lines = [f"{prefix} knobtune recommendation ({rec.objective}, {rec.trials} trials)"]
     for k, v in rec.header.items():
         lines.append(f"{prefix} {_oneline(k)}: {_oneline(v)}")
-    if rec.overall_gain is not None:
-        p = f", p={rec.overall_p_value:.3g}" if rec.overall_p_value is not None else ""
-        lines.append(f"{prefix} overall measured gain vs original: {rec.overall_gain:+.1%}{p}")
+    claim = claim_text(rec)
+    if claim is not None:
+        lines.append(f"{prefix} {claim}")
     for w in rec.warnings():
         lines.append(f"{prefix} {'!' * 70}")
         lines.append(f"{prefix} {w}")
@@ -237,6 +303,9 @@ def render_json(rec: Recommendation) -> str:
         "header": dict(rec.header),
         "overall_gain": rec.overall_gain,
         "overall_p_value": rec.overall_p_value,
+        "overall_ci": list(rec.overall_ci) if rec.overall_ci else None,
+        "gain_status": rec.gain_status,
+        "claim": claim_text(rec),
         "original": dict(rec.original),
         "recommended": dict(rec.recommended),
         "knobs": [

@@ -43,9 +43,10 @@ CV 25%, AR(1) 0.3, between-run drift sd 5%, 2% outlier seconds):
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -61,6 +62,8 @@ PRIOR_DF = 4.0
 """Weight of that prior in degrees of freedom (as if 4 replicate runs had shown it)."""
 TRIM = 0.2
 """Fraction trimmed from each end of a run's log samples."""
+SHIFT_Z = 3.0
+"""Two runs of one config this many noise sds apart: the server's load moved (a shift)."""
 _MAX_PHI = 0.9
 
 
@@ -69,7 +72,11 @@ class Verdict:
     """The decision on one candidate, with the evidence behind it.
 
     ``gain`` is always "fraction better" (positive = improvement): for throughput the
-    ratio of run levels minus one, for latency one minus the ratio.
+    ratio of run levels minus one, for latencies and query times the fraction of time
+    saved. ``ci`` is its 95% interval. ``adjacent``: the estimate rests on runs of both
+    configs interleaved and balanced in time (see :func:`compare`), so a shift in load
+    between them cannot pass for an effect. ``shift``: runs of one config moved more than
+    the noise allows while it was measured (see :func:`shifts`).
     """
 
     keep: bool
@@ -78,15 +85,28 @@ class Verdict:
     reason: str
     se: float | None = None  # standard error of the log ratio
     runs: tuple[int, int] = (0, 0)  # (incumbent runs, candidate runs) judged
+    ci: tuple[float, float] | None = None
+    adjacent: bool = False
+    shift: bool = False
 
 
 @dataclass(frozen=True)
 class RunStat:
-    """One run collapsed to its log level and the variance of that level."""
+    """One run collapsed to its log level (higher is better) and the variance of that level."""
 
     centre: float
     within_var: float
-    seconds: int
+    seconds: int  # seconds (per-second evidence) or transactions (per-transaction evidence)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run as the verdict sees it: when it ran, its level, and latencies for constraints."""
+
+    t: float  # when it ran (the trial number: runs are about equally long)
+    stat: RunStat
+    # log latencies (higher is worse) by name, for limits such as {"p99": 0.1}
+    latency: Mapping[str, float] = field(default_factory=dict)
 
 
 def _clean(samples: Sequence[float], what: str) -> np.ndarray:
@@ -101,18 +121,29 @@ def _clean(samples: Sequence[float], what: str) -> np.ndarray:
     return x
 
 
-def run_stat(samples: Sequence[float], what: str = "run") -> RunStat:
-    """Collapse a run's per-second samples (warm-up already removed) to a :class:`RunStat`."""
+def run_stat(
+    samples: Sequence[float], what: str = "run", *, lower_is_better: bool = False
+) -> RunStat:
+    """Collapse a run's per-second samples (warm-up already removed) to a :class:`RunStat`.
+
+    ``lower_is_better`` (per-second latencies): the level is the negated log, so that a
+    higher level is always better.
+    """
     x = _clean(samples, what)
+    sign = -1.0 if lower_is_better else 1.0
     med = float(np.median(x))
     if med <= 0:
         # a run that mostly did nothing: give it a level far below anything real
-        return RunStat(centre=math.log(1e-9), within_var=0.0, seconds=int(x.size))
+        return RunStat(centre=sign * math.log(1e-9), within_var=0.0, seconds=int(x.size))
     # zeros (a stalled second) would be -inf in logs; they are outliers, trimming handles them
     y = np.log(np.maximum(x, med * 1e-3))
     n = y.size
+    # Counting noise: a run's throughput is at best as exact as a Poisson count of its
+    # transactions, var(log rate) >= 1/N. At thousands of tps this is nil; at 10 tps over
+    # 2 s (short test runs, long queries) it dominates what 2-3 samples can show.
+    floor = 1.0 / max(float(np.sum(x)), 1.0) if not lower_is_better else 0.0
     if n < 3:
-        return RunStat(centre=float(np.mean(y)), within_var=0.0, seconds=n)
+        return RunStat(centre=sign * float(np.mean(y)), within_var=floor, seconds=n)
     k = math.floor(TRIM * n)
     ys = np.sort(y)
     centre = float(np.mean(ys[k : n - k]))
@@ -127,14 +158,113 @@ def run_stat(samples: Sequence[float], what: str = "run") -> RunStat:
     # times the AR(1) factor because n correlated seconds carry less information
     g = k / n
     var = s2 / (n * (1 - 2 * g) ** 2) * (1 + phi) / (1 - phi)
-    return RunStat(centre=centre, within_var=var, seconds=n)
+    return RunStat(centre=sign * centre, within_var=max(var, floor), seconds=n)
 
 
-def _levels(runs: Sequence[Sequence[float]], what: str) -> tuple[np.ndarray, np.ndarray]:
-    if len(runs) == 0:
-        raise ValueError(f"{what}: need at least one run")
-    st = [run_stat(r, f"{what} run {i + 1}") for i, r in enumerate(runs)]
-    return np.array([s.centre for s in st]), np.array([s.within_var for s in st])
+def _gain(d: float, lower_is_better: bool) -> float:
+    return -math.expm1(-d) if lower_is_better else math.expm1(d)
+
+
+def compare(
+    incumbent: Sequence[Run],
+    candidate: Sequence[Run],
+    *,
+    min_gain: float = 0.02,
+    alpha: float = ALPHA,
+    run_sd: float = RUN_SD,
+    prior_df: float = PRIOR_DF,
+    lower_is_better: bool = False,
+    limits: Mapping[str, float] | None = None,
+    balance: float = 0.5,
+) -> Verdict:
+    """Keep the candidate only if it is at least ``min_gain`` better and credibly so.
+
+    A one-sided t test on the run levels: the effect is the difference of the two
+    configs' mean levels, its variance moderated: the prior between-run drift (``run_sd``,
+    worth ``prior_df`` degrees of freedom) pooled with the runs' scatter around their
+    config's mean, plus the runs' own within-run variance.
+
+    The verdict is ``adjacent`` when the two configs' runs are interleaved in time (some
+    incumbent run before some candidate run and vice versa) and balanced (their mean times
+    at most half a run apart: A B A, B A B, A B B A, A B A B A ...). Then a linear drift
+    cancels in the difference, and a step in the server's load inside the window shows up
+    as scatter (wider uncertainty) instead of as an effect. (A fitted time trend would
+    cancel the drift too, but it spends the one degree of freedom that shows a step in
+    A B A.) ``limits``: latency names (``Run.latency``) and the worsening each may have,
+    as fractions.
+    """
+    if not 0 < alpha < 1:
+        raise ValueError("alpha must be in (0, 1)")
+    if not incumbent or not candidate:
+        raise ValueError("need at least one run of each config")
+    runs = [*incumbent, *candidate]
+    y = np.array([r.stat.centre for r in runs])
+    w = np.array([r.stat.within_var for r in runs])
+    c = np.array([0.0] * len(incumbent) + [1.0] * len(candidate))
+    t = np.array([float(r.t) for r in runs])
+    ni, nc = len(incumbent), len(candidate)
+    ti, tc = t[:ni], t[ni:]
+    interleaved = bool(ti.min() < tc.max() and tc.min() < ti.max())
+    adjacent = interleaved and abs(float(ti.mean()) - float(tc.mean())) <= balance
+    x = np.column_stack([np.ones_like(y), c])
+    inv = np.linalg.inv(x.T @ x)
+    beta = inv @ x.T @ y
+    resid = y - x @ beta
+    df = len(runs) - 2
+    rss = float(resid @ resid)
+    w_bar = float(w.mean())
+    prior_var = run_sd**2 + w_bar
+    var = (prior_df * prior_var + rss) / (prior_df + df) if prior_df + df > 0 else prior_var
+    var = max(var, w_bar, 1e-12)
+    se = math.sqrt(var * float(inv[1, 1]))
+    d = float(beta[1])
+    dof = prior_df + df
+    tstat = d / se
+    p = float(stats.t.sf(tstat, dof)) if dof > 0 else float(stats.norm.sf(tstat))
+    q = float(stats.t.ppf(0.975, dof)) if dof > 0 else 1.96
+    gain = _gain(d, lower_is_better)
+    ci = (_gain(d - q * se, lower_is_better), _gain(d + q * se, lower_is_better))
+    n = (ni, nc)
+
+    def verdict(keep: bool, reason: str) -> Verdict:
+        return Verdict(keep, gain, p, reason, se, n, ci, adjacent)
+
+    for name, limit in (limits or {}).items():
+        li = [r.latency[name] for r in incumbent if name in r.latency]
+        lc = [r.latency[name] for r in candidate if name in r.latency]
+        if len(li) == ni and len(lc) == nc:
+            worse = math.expm1(float(np.mean(lc) - np.mean(li)))
+            if worse > limit:
+                return verdict(
+                    False, f"rejected: {name} latency {worse:+.1%} worse, limit {limit:.0%}"
+                )
+    if gain < min_gain:
+        return verdict(
+            False, f"rejected: gain {gain:+.1%} below min_gain {min_gain:.0%} (p={p:.3f})"
+        )
+    if p >= alpha:
+        return verdict(
+            False, f"rejected: gain {gain:+.1%} not credible (p={p:.3f} >= {alpha}, {ni}+{nc} runs)"
+        )
+    return verdict(True, f"kept: gain {gain:+.1%} (p={p:.3f}, {ni}+{nc} runs)")
+
+
+def shifts(series: Sequence[Run], run_sd: float = RUN_SD) -> list[tuple[Run, Run, float]]:
+    """Consecutive runs of one config (in time order) further apart than noise allows.
+
+    Returns (earlier, later, z) for each pair with ``|z| > SHIFT_Z``, where ``z`` is their
+    difference in units of the prior noise of a difference (``run_sd`` each, plus their
+    within-run variances). The prior, not the session's learnt noise: a shift must not
+    excuse itself by inflating the noise it is measured against.
+    """
+    ordered = sorted(series, key=lambda r: r.t)
+    out = []
+    for a, b in itertools.pairwise(ordered):
+        sd = math.sqrt(2 * run_sd**2 + a.stat.within_var + b.stat.within_var)
+        z = (b.stat.centre - a.stat.centre) / sd
+        if abs(z) > SHIFT_Z:
+            out.append((a, b, z))
+    return out
 
 
 def judge(
@@ -150,7 +280,7 @@ def judge(
     incumbent_p99: Sequence[float] = (),
     candidate_p99: Sequence[float] = (),
 ) -> Verdict:
-    """Keep the candidate only if it is at least ``min_gain`` better and credibly so.
+    """:func:`compare` on runs of per-second samples, grouped (no time term).
 
     ``*_runs`` are benchmark runs in the order they ran, each a list of per-second values
     with warm-up removed: throughput (higher is better) or, for ``latency_p95``, per-second
@@ -160,43 +290,34 @@ def judge(
     """
     if objective not in ("throughput", "latency_p95"):
         raise ValueError(f"objective must be 'throughput' or 'latency_p95', not {objective!r}")
-    if not 0 < alpha < 1:
-        raise ValueError("alpha must be in (0, 1)")
-    ci, wi = _levels(incumbent_runs, "incumbent")
-    cc, wc = _levels(candidate_runs, "candidate")
-    ni, nc = ci.size, cc.size
-    sign = 1.0 if objective == "throughput" else -1.0
-    d = sign * (float(cc.mean()) - float(ci.mean()))  # log ratio, positive = better
-    gain = math.expm1(d) if objective == "throughput" else -math.expm1(-d)
+    lower = objective == "latency_p95"
+    if len(incumbent_runs) == 0:
+        raise ValueError("incumbent: need at least one run")
+    if len(candidate_runs) == 0:
+        raise ValueError("candidate: need at least one run")
 
-    # moderated per-run variance: prior drift + within-run noise, pooled with replicates
-    w_bar = float(np.concatenate([wi, wc]).mean())
-    df = (ni - 1) + (nc - 1)
-    ss = float(((ci - ci.mean()) ** 2).sum() + ((cc - cc.mean()) ** 2).sum())
-    prior_var = run_sd**2 + w_bar
-    var = (prior_df * prior_var + ss) / (prior_df + df) if prior_df + df > 0 else prior_var
-    var = max(var, w_bar, 1e-12)
-    se = math.sqrt(var * (1 / ni + 1 / nc))
-    dof = prior_df + df
-    t = d / se
-    p = float(stats.t.sf(t, dof)) if dof > 0 else float(stats.norm.sf(t))
-    runs = (ni, nc)
+    def runs(side: Sequence[Sequence[float]], p99: Sequence[float], what: str) -> list[Run]:
+        out = []
+        for i, r in enumerate(side):
+            st = run_stat(r, f"{what} run {i + 1}", lower_is_better=lower)
+            lat = {}
+            if max_p99_worsening is not None and len(p99) == len(side):
+                v = float(_clean(p99, f"{what} p99")[i])
+                if v > 0:
+                    lat["p99"] = math.log(v)
+            out.append(Run(float(i), st, lat))
+        return out
 
-    if max_p99_worsening is not None and len(incumbent_p99) and len(candidate_p99):
-        pi = _clean(incumbent_p99, "incumbent p99")
-        pc = _clean(candidate_p99, "candidate p99")
-        if pi.min() > 0 and pc.min() > 0:
-            worse = math.expm1(float(np.log(pc).mean() - np.log(pi).mean()))
-            if worse > max_p99_worsening:
-                return Verdict(
-                    False, gain, p,
-                    f"rejected: p99 latency {worse:+.1%} worse, limit {max_p99_worsening:.0%}",
-                    se, runs,
-                )  # fmt: skip
-    if gain < min_gain:
-        why = f"rejected: gain {gain:+.1%} below min_gain {min_gain:.0%} (p={p:.3f})"
-        return Verdict(False, gain, p, why, se, runs)
-    if p >= alpha:
-        why = f"rejected: gain {gain:+.1%} not credible (p={p:.3f} >= {alpha}, {ni}+{nc} runs)"
-        return Verdict(False, gain, p, why, se, runs)
-    return Verdict(True, gain, p, f"kept: gain {gain:+.1%} (p={p:.3f}, {ni}+{nc} runs)", se, runs)
+    inc = runs(incumbent_runs, incumbent_p99, "incumbent")
+    cand = runs(candidate_runs, candidate_p99, "candidate")
+    ok = all("p99" in r.latency for r in inc + cand)
+    return compare(
+        inc,
+        cand,
+        min_gain=min_gain,
+        alpha=alpha,
+        run_sd=run_sd,
+        prior_df=prior_df,
+        lower_is_better=lower,
+        limits={"p99": max_p99_worsening} if max_p99_worsening is not None and ok else None,
+    )

@@ -8,7 +8,12 @@ Noise model (per run of ``seconds`` per-second samples, warm-up already dropped)
   with stationary sd ``drift_sd`` (5%: a run is within about +-8% of the true level 90%
   of the time; DESIGN.md measured a 6.5% CV of run medians and 14% apart over 10 min);
 * outlier seconds: with probability ``outlier_p`` a second collapses to 10-50% (a
-  checkpoint stall).
+  checkpoint stall);
+* a noisy neighbour (off by default): another job on the machine starts with probability
+  ``neighbour_on`` per second and stops with ``neighbour_off`` per second; while it runs,
+  throughput is multiplied by a factor drawn per episode from ``neighbour_effect`` (0.6-0.9:
+  DESIGN.md saw TPC-B shift 25% within a minute when other jobs moved the load from 4 to
+  10). Time passes between runs too (``gap_seconds`` per run: apply, restart, warm-up).
 
 The true level of a config is its median throughput: the noise is median-neutral.
 """
@@ -25,6 +30,8 @@ import numpy as np
 
 from optimizer.catalogue import GB, MB, Hardware, knob_space
 from optimizer.descent import CoordinateDescent, Measurement
+from optimizer.evidence import summarize_stream
+from optimizer.heuristic import DbType
 from optimizer.knobs import Config, Knob
 
 
@@ -36,6 +43,14 @@ class Noise:
     drift_ar: float = 0.7
     outlier_p: float = 0.02
     seconds: int = 60
+    neighbour_on: float = 0.0
+    neighbour_off: float = 1 / 120
+    neighbour_effect: tuple[float, float] = (0.6, 0.9)
+    gap_seconds: int = 5
+
+
+NEIGHBOUR = Noise(neighbour_on=1 / 240, neighbour_off=1 / 120)
+"""A neighbour that runs about a third of the time, in episodes of about 2 minutes."""
 
 
 class Bench:
@@ -46,9 +61,27 @@ class Bench:
         self.rng = np.random.default_rng(seed)
         self.drift = float(self.rng.normal(0.0, noise.drift_sd))
         self.runs = 0
+        self.busy = 1.0  # the neighbour's factor on throughput (1.0: no neighbour)
+        self.busy_seconds = 0  # seconds with a neighbour, for reports
 
-    def run(self, level: float) -> tuple[float, ...]:
+    def _neighbour(self, seconds: int) -> np.ndarray:
+        """The neighbour's factor for each of the next ``seconds`` seconds."""
         nz, rng = self.noise, self.rng
+        out = np.ones(seconds)
+        if nz.neighbour_on <= 0:
+            return out
+        for i in range(seconds):
+            if self.busy == 1.0 and rng.random() < nz.neighbour_on:
+                self.busy = float(rng.uniform(*nz.neighbour_effect))
+            elif self.busy != 1.0 and rng.random() < nz.neighbour_off:
+                self.busy = 1.0
+            out[i] = self.busy
+        return out
+
+    def factors(self) -> np.ndarray:
+        """Multiplicative noise of one run's seconds: drift, AR(1), stalls, the neighbour."""
+        nz, rng = self.noise, self.rng
+        self._neighbour(nz.gap_seconds)
         self.drift = nz.drift_ar * self.drift + math.sqrt(1 - nz.drift_ar**2) * float(
             rng.normal(0.0, nz.drift_sd)
         )
@@ -58,14 +91,107 @@ class Bench:
         for i in range(nz.seconds):
             prev = nz.ar * prev + z[i]
             e[i] = prev
-        x = level * np.exp(self.drift + e)
+        x = np.exp(self.drift + e)
         stall = rng.random(nz.seconds) < nz.outlier_p
         x[stall] *= rng.uniform(0.1, 0.5, int(stall.sum()))
+        nb = self._neighbour(nz.seconds)
+        self.busy_seconds += int(np.count_nonzero(nb < 1.0))
         self.runs += 1
-        return tuple(float(v) for v in x)
+        return x * nb
+
+    def run(self, level: float) -> tuple[float, ...]:
+        return tuple(float(v) for v in level * self.factors())
 
     def measure(self, level: float) -> Measurement:
         return Measurement(samples=self.run(level))
+
+
+class StepBench(Bench):
+    """No noise beyond a little jitter, and one step in load: every run from ``at`` on is
+    ``factor`` times faster (a neighbour stopped), whatever the config."""
+
+    def __init__(self, at: int, factor: float, seed: int = 0) -> None:
+        super().__init__(Noise(cv=0.05, drift_sd=0.01, outlier_p=0.0), seed)
+        self.at, self.factor = at, factor
+
+    def run(self, level: float) -> tuple[float, ...]:
+        step = self.factor if self.runs >= self.at else 1.0
+        return tuple(float(v) for v in level * step * self.factors())
+
+
+@dataclass(frozen=True)
+class Mix:
+    """A workload of long transactions: scripts with mean latencies (ms) at the base level."""
+
+    latency_ms: Mapping[str, float]
+    weights: Mapping[str, float]
+    clients: int = 2
+    cv: float = 0.3  # one transaction's latency around its script's mean (lognormal)
+
+
+REPORTING_MIX = Mix(
+    latency_ms={"agg": 500.0, "join": 1500.0, "sort": 3000.0},
+    weights={"agg": 1.0, "join": 1.0, "sort": 1.0},
+)
+"""The reporting mix of issue 13: 0.5-3 s queries at 2 clients, ~1 transaction a second."""
+
+
+class TxBench(Bench):
+    """Runs of long transactions: per-transaction evidence and per-second counts.
+
+    Each client runs transactions back to back; a script is drawn by weight; its latency
+    is its mean, divided by the config's level (1.0 = the base level), times the run's
+    noise factor at the time it starts (drift, AR(1) seconds, the neighbour: a slower
+    second makes what starts in it slower) and a lognormal per-transaction factor.
+    """
+
+    def __init__(self, noise: Noise, seed: int, mix: Mix = REPORTING_MIX) -> None:
+        super().__init__(noise, seed)
+        self.mix = mix
+
+    def transactions(self, level: float) -> tuple[list[float], list[float], list[str]]:
+        """(start s, latency ms, label) of every transaction that started in the run."""
+        f = self.factors()
+        names = list(self.mix.weights)
+        p = np.array([self.mix.weights[n] for n in names], dtype=float)
+        p /= p.sum()
+        sigma = math.sqrt(math.log(1 + self.mix.cv**2))
+        starts: list[float] = []
+        lats: list[float] = []
+        labels: list[str] = []
+        for _ in range(self.mix.clients):
+            t = 0.0
+            while t < len(f):
+                name = names[int(self.rng.choice(len(names), p=p))]
+                speed = float(f[min(int(t), len(f) - 1)])
+                jitter = float(self.rng.lognormal(-(sigma**2) / 2, sigma))
+                lat = self.mix.latency_ms[name] / level / speed * jitter
+                starts.append(t)
+                lats.append(lat)
+                labels.append(name)
+                t += lat / 1000.0
+        return starts, lats, labels
+
+    def measure_tx(self, level: float) -> Measurement:
+        """A Measurement with per-transaction evidence and per-second completion counts."""
+        start, lat, labels = self.transactions(level)
+        stream = summarize_stream(
+            "main", clients=self.mix.clients, shares=self.mix.weights,
+            start_s=start, latency_ms=lat, labels=labels,
+        )  # fmt: skip
+        return Measurement(samples=per_second(start, lat, self.noise.seconds), streams=(stream,))
+
+    def measure(self, level: float) -> Measurement:
+        return self.measure_tx(level)
+
+
+def per_second(
+    start: Sequence[float], latency_ms: Sequence[float], seconds: int
+) -> tuple[float, ...]:
+    """Transactions completed in each second, as pgbench's progress lines count them."""
+    ends = np.asarray(start) + np.asarray(latency_ms) / 1000.0
+    counts = np.histogram(ends, bins=np.arange(0, seconds + 1))[0]
+    return tuple(float(c) for c in counts)
 
 
 # --- response surfaces --------------------------------------------------------------------
@@ -107,6 +233,7 @@ class Surface:
     base: float
     terms: tuple[Term, ...]
     grid: int = 160
+    hints: DbType = "mixed"  # the PGTune profile the service uses for this kind of workload
     space: list[Knob] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -238,6 +365,40 @@ def cliff_surface() -> Surface:
     )  # fmt: skip
 
 
+def analytic_surface() -> Surface:
+    """Analytic queries on a 2-CPU box where PGTune's "dw" values hurt (DESIGN.md: its dw
+    config measured ~20% below the defaults). work_mem helps up to ~64MB (hash joins in
+    memory), jit off saves compile time; but random_page_cost 1.1 with a large
+    effective_cache_size makes the planner choose index nested loops over cold data (-35%),
+    and statistics target 500 costs planning time; shared_buffers barely matters (the
+    data sits in the OS cache)."""
+    hw = Hardware(ram_bytes=24 * GB, cpus=2)
+
+    def plan(rpc: Value, ecs: Value) -> float:
+        low_rpc = 1.0 / (1.0 + math.exp((float(rpc) - 2.0) / 0.3))
+        big_ecs = sat(float(ecs) * 8192, 8 * GB, 0.5)
+        return 1 - 0.35 * low_rpc * big_ecs - 0.04 * low_rpc
+
+    return Surface(
+        name="analytic-hints-wrong",
+        hardware=hw,
+        names=("work_mem", "jit", "random_page_cost", "effective_cache_size",
+               "shared_buffers", "default_statistics_target"),
+        start={"work_mem": "4MB", "jit": "on", "random_page_cost": "4",
+               "effective_cache_size": "4GB", "shared_buffers": "128MB",
+               "default_statistics_target": "100"},
+        base=100.0,  # tps scale only (the verdict counts transactions: keep it realistic)
+        terms=(
+            Term(("work_mem",), lambda v: 1 + 0.3 * sat(float(v) * 1024, 24 * MB, 0.6)),
+            Term(("jit",), lambda j: 1.08 if j == "off" else 1.0),
+            Term(("random_page_cost", "effective_cache_size"), plan),
+            Term(("shared_buffers",), lambda sb: 1 + 0.02 * sat(float(sb) * 8192, 1 * GB, 0.8)),
+            Term(("default_statistics_target",), lambda d: 1 - 0.03 * sat(float(d), 400, 0.3)),
+        ),
+        hints="dw",
+    )  # fmt: skip
+
+
 def flat_surface() -> Surface:
     """Five knobs that do nothing: every candidate is a no-op (A/A)."""
     base = oltp_surface()
@@ -264,7 +425,12 @@ def slope_surface(gain: float) -> Surface:
     )
 
 
-SURFACES: tuple[Callable[[], Surface], ...] = (oltp_surface, reporting_surface, cliff_surface)
+SURFACES: tuple[Callable[[], Surface], ...] = (
+    oltp_surface,
+    reporting_surface,
+    cliff_surface,
+    analytic_surface,
+)
 
 
 # --- drivers ---------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from optimizer.catalogue import GB, Hardware, knob_space
-from optimizer.descent import Candidate, CoordinateDescent, Measurement
+from optimizer.descent import BudgetError, Candidate, CoordinateDescent, Measurement
 from optimizer.heuristic import pgtune
 from optimizer.knobs import Config, KnobError
 from tests.optimizer.sim import (
@@ -126,14 +126,26 @@ def test_candidates_within_bounds_and_never_measured_twice_by_accident(make: obj
 
 def test_trial_and_time_budgets() -> None:
     s = oltp_surface()
-    opt = run_descent(s, Bench(Noise(), 1), max_trials=12)
-    assert opt.trials_done == 12
-    assert opt.suggest() is None
-    assert opt.planned_trials() == 12
-    opt2 = CoordinateDescent(s.space, s.start, max_trials=None, max_benchmark_s=300, run_seconds=60)
-    assert opt2.planned_trials() <= 5
+    for seed in range(4):
+        opt = run_descent(s, Bench(Noise(), seed), max_trials=14)
+        # the final check's 6 runs are set aside from the start: the walk gets 8
+        assert opt.trials_done == (14 if opt.checked else 8)
+        assert opt.suggest() is None
+        assert opt.planned_trials() == opt.trials_done
+    opt2 = CoordinateDescent(s.space, s.start, max_trials=None, max_benchmark_s=840, run_seconds=60)
+    assert opt2.planned_trials() <= 14
     drive(opt2, s, Bench(Noise(), 1))
-    assert opt2.trials_done == 5
+    assert opt2.trials_done <= 14
+
+
+def test_a_budget_too_small_for_the_walk_and_the_final_check_is_refused() -> None:
+    s = oltp_surface()
+    with pytest.raises(BudgetError, match="max_trials >= 11") as exc:
+        CoordinateDescent(s.space, s.start, max_trials=8)
+    assert exc.value.minimum == 11
+    with pytest.raises(BudgetError, match="at least 660 s"):
+        CoordinateDescent(s.space, s.start, max_trials=None, max_benchmark_s=300, run_seconds=60)
+    CoordinateDescent(s.space, s.start, max_trials=11)  # the minimum is accepted
 
 
 def test_no_op_changes_are_rarely_kept_over_whole_sessions() -> None:
@@ -434,8 +446,9 @@ def test_no_final_check_when_nothing_was_kept() -> None:
         roles.append(c.role)
         opt.register(c, _flat(1000.0))  # every config measures the same: nothing is kept
     assert opt.incumbent == opt.baseline
-    assert len(roles) == 12  # no room held back for a final check either
+    assert len(roles) == 6  # the final check's 6 runs stay set aside, unused
     assert not any(r.startswith("final-") for r in roles)
+    assert opt.claim == "none"
     assert not opt.checked
     assert opt.final_verdict is None
 
@@ -450,7 +463,8 @@ def test_a_best_config_the_final_check_does_not_confirm_is_not_recommended() -> 
     assert opt.checked
     assert opt.final_verdict is not None
     assert opt.final_verdict.gain == pytest.approx(0.0)  # < min_gain
-    assert opt.unconfirmed == {"work_mem": "16MB"}
+    assert opt.final_rejected == {"work_mem": "16MB"}
+    assert opt.claim == "no-change"
     assert opt.incumbent == opt.baseline == {"work_mem": "4MB"}
     assert opt.best_gain == 0.0
     rec = opt.recommendation()
