@@ -9,7 +9,9 @@ Connection parameters reach pgbench through libpq environment variables, so a
 password is never on a command line; messages are scrubbed of it too.
 
 Latency percentiles come from pgbench's per-transaction log (``--log``), never
-from averages: the aggregate log only has per-interval sums.
+from averages: the aggregate log only has per-interval sums. The log is also kept as
+arrays (:class:`TxLog`: client, transaction number, script, start, latency of every
+transaction) for per-transaction evidence (app/evidence.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 
 BUILTINS = ("tpcb-like", "simple-update", "select-only")
 PROTOCOLS = ("simple", "extended", "prepared")
+ISOLATION_LEVELS = ("read committed", "repeatable read", "serializable")
 PGBENCH_ENV = "KNOBTUNE_PGBENCH"
 # Runs up to this long log every transaction; longer ones are sampled so the
 # log stays about this size (a 60 s full log at 10k tps is ~20 MB).
@@ -68,10 +71,14 @@ class BenchSpec:
     jobs: int = 2
     duration_s: int = 60
     warmup_s: int = 5
-    protocol: str = "prepared"
+    protocol: str = "simple"  # pgbench's own default; "prepared" only when asked for
     rate: float | None = None  # target tps (-R)
     builtin_weight: int = 1
     log_sampling: float | None = None  # fraction of transactions logged; None: automatic
+    defines: dict[str, str] = field(default_factory=dict)  # -D name=value
+    max_tries: int = 1  # --max-tries: retries of serialization failures and deadlocks
+    isolation: str | None = None  # default_transaction_isolation of its sessions (PGOPTIONS)
+    connect_per_transaction: bool = False  # -C: a new connection for every transaction
 
     def validate(self) -> None:
         """Raise ValueError naming what to change."""
@@ -102,6 +109,15 @@ class BenchSpec:
             raise ValueError("rate must be > 0")
         if self.log_sampling is not None and not 0 < self.log_sampling <= 1:
             raise ValueError("log_sampling must be in (0, 1]")
+        if self.max_tries < 1:
+            raise ValueError("max_tries must be >= 1")
+        if self.isolation is not None and self.isolation not in ISOLATION_LEVELS:
+            raise ValueError(
+                f"unknown isolation {self.isolation!r}; choose one of {', '.join(ISOLATION_LEVELS)}"
+            )
+        for name in self.defines:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"pgbench variable name {name!r} is not a plain identifier")
 
     def sampling_rate(self) -> float:
         if self.log_sampling is not None:
@@ -256,6 +272,9 @@ class LogEntry:
     latency_ms: float | None  # None for failed / skipped transactions
     failed: bool = False
     skipped: bool = False
+    client: int = 0
+    txno: int = 0  # the client's transaction number (from 1)
+    script: int = 0  # pgbench's script number (-b first, then each -f, in order)
 
 
 def parse_log_line(line: str) -> LogEntry | None:
@@ -265,19 +284,26 @@ def parse_log_line(line: str) -> LogEntry | None:
         return None
     try:
         end = int(parts[4]) + int(parts[5]) / 1e6
+        client, txno, script = int(parts[0]), int(parts[1]), int(parts[3])
     except ValueError:
         return None
-    if parts[2] == "failed":
-        return LogEntry(end, None, failed=True)
-    if parts[2] == "skipped":
-        return LogEntry(end, None, skipped=True)
+    if parts[2] in ("failed", "skipped"):
+        return LogEntry(
+            end,
+            None,
+            failed=parts[2] == "failed",
+            skipped=parts[2] == "skipped",
+            client=client,
+            txno=txno,
+            script=script,
+        )
     try:
         lat_us = float(parts[2])
     except ValueError:
         return None
     if not math.isfinite(lat_us) or lat_us < 0:
         return None
-    return LogEntry(end, lat_us / 1000.0)
+    return LogEntry(end, lat_us / 1000.0, client=client, txno=txno, script=script)
 
 
 @dataclass
@@ -290,8 +316,52 @@ class LatencyStats:
     failed: int = 0
 
 
-def _log_columns(text: str) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """End times (s), latencies (ms) and failure count of a well-formed log, parsed in C.
+@dataclass(frozen=True)
+class TxLog:
+    """A run's per-transaction log as arrays, one entry per completed transaction.
+
+    ``start_s`` counts from the start of the run's first transaction; failed transactions
+    (after pgbench's retries) have no latency: their script and end time are kept apart.
+    """
+
+    client: np.ndarray
+    txno: np.ndarray
+    script: np.ndarray
+    start_s: np.ndarray
+    latency_ms: np.ndarray
+    failed_script: np.ndarray
+    failed_end_s: np.ndarray
+
+    @classmethod
+    def empty(cls) -> TxLog:
+        z = np.zeros(0)
+        return cls(z, z, z, z, z, z, z)
+
+    def __len__(self) -> int:
+        return int(self.latency_ms.size)
+
+
+def _tx_log(cols: np.ndarray) -> TxLog:
+    """Columns ``client txno latency_us script epoch us`` (failed: -inf, skipped: nan)."""
+    lat_us, ends = cols[:, 2], cols[:, 4] + cols[:, 5] / 1e6
+    ok = np.isfinite(lat_us) & (lat_us >= 0) & np.isfinite(ends)
+    bad = np.isneginf(lat_us) & np.isfinite(ends)
+    lat_ms = lat_us[ok] / 1000.0
+    starts = ends[ok] - lat_ms / 1000.0
+    t0 = float(np.min(starts)) if starts.size else (float(np.min(ends[bad])) if bad.any() else 0.0)
+    return TxLog(
+        client=cols[ok, 0].astype(np.int64),
+        txno=cols[ok, 1].astype(np.int64),
+        script=cols[ok, 3].astype(np.int64),
+        start_s=starts - t0,
+        latency_ms=lat_ms,
+        failed_script=cols[bad, 3].astype(np.int64),
+        failed_end_s=ends[bad] - t0,
+    )
+
+
+def _log_columns(text: str) -> TxLog | None:
+    """The :class:`TxLog` of a well-formed log, parsed in C.
 
     pgbench writes every line of a run with the same fields. Parsing them one by one in
     Python held the GIL for ~0.5 s per 150,000 lines, at the end of every run, while the
@@ -308,42 +378,42 @@ def _log_columns(text: str) -> tuple[np.ndarray, np.ndarray, int] | None:
         return None
     if cols.shape[1] < 6:
         return None
-    lat_us, ends = cols[:, 2], cols[:, 4] + cols[:, 5] / 1e6
-    ok = np.isfinite(lat_us) & (lat_us >= 0) & np.isfinite(ends)
-    return ends[ok], lat_us[ok] / 1000.0, int(np.count_nonzero(np.isneginf(lat_us)))
+    return _tx_log(cols)
 
 
-def _log_lines(text: str) -> tuple[np.ndarray, np.ndarray, int]:
+def _log_lines(text: str) -> TxLog:
     """Like :func:`_log_columns`, line by line, skipping what is not a log line."""
-    ends = array("d")
-    lats = array("d")
-    failed = 0
+    rows = array("d")
     for line in text.splitlines():
         e = parse_log_line(line)
-        if e is None:
+        if e is None or e.skipped:
             continue
-        if e.latency_ms is None:
-            failed += e.failed
-            continue
-        ends.append(e.end_s)
-        lats.append(e.latency_ms)
-    return np.frombuffer(ends, dtype=np.float64), np.frombuffer(lats, dtype=np.float64), failed
+        lat = -math.inf if e.latency_ms is None else e.latency_ms * 1000.0
+        end_s = math.floor(e.end_s)
+        rows.extend((e.client, e.txno, lat, e.script, end_s, round((e.end_s - end_s) * 1e6)))
+    cols = np.frombuffer(rows, dtype=np.float64).reshape(-1, 6)
+    return _tx_log(cols) if cols.size else TxLog.empty()
 
 
-def latency_stats(lines: Iterable[str], warmup_s: float) -> LatencyStats:
+def read_tx_log(lines: Iterable[str]) -> TxLog:
+    """The per-transaction log of a run from its lines, or whole log files' texts."""
+    text = "\n".join(lines)
+    return _log_columns(text) or _log_lines(text)
+
+
+def latency_stats(lines: Iterable[str] | TxLog, warmup_s: float) -> LatencyStats:
     """Percentiles of per-transaction latencies after the warm-up, overall and per second.
 
-    ``lines``: the log's lines, or whole log files' texts. Second k (1-based) holds
-    transactions that ended in (k-1, k] seconds after the first transaction started,
-    matching pgbench's ``progress: k.0 s`` interval.
+    ``lines``: the log's lines, or whole log files' texts (or the log already read).
+    Second k (1-based) holds transactions that ended in (k-1, k] seconds after the first
+    transaction started, matching pgbench's ``progress: k.0 s`` interval.
     """
-    text = "\n".join(lines)
-    end_arr, lat_arr, failed = _log_columns(text) or _log_lines(text)
-    out = LatencyStats(logged=len(lat_arr), failed=failed)
+    log = lines if isinstance(lines, TxLog) else read_tx_log(lines)
+    lat_arr = log.latency_ms
+    out = LatencyStats(logged=len(lat_arr), failed=int(log.failed_script.size))
     if not lat_arr.size:
         return out
-    t0 = float(np.min(end_arr - lat_arr / 1000.0))
-    rel = end_arr - t0
+    rel = log.start_s + lat_arr / 1000.0  # end times since the first transaction started
     keep = rel > warmup_s
     if not keep.any():
         return out
@@ -381,6 +451,8 @@ class BenchResult:
     summary: Summary | None = None
     early_stop: str | None = None  # why ``watch`` stopped the run
     fatal: bool = False  # pgbench cannot run on this host at all (see module docstring)
+    tx: TxLog | None = None  # every logged transaction (None when nothing was logged)
+    log_sampling: float = 1.0  # the fraction of transactions the log holds
 
     @classmethod
     def failure(cls, error: str, *, duration_s: float = 0.0, fatal: bool = False) -> BenchResult:
@@ -446,6 +518,12 @@ def build_command(
         argv.append(f"--sampling-rate={rate:g}")
     if spec.rate is not None:
         argv += ["-R", f"{spec.rate:g}"]
+    if spec.max_tries > 1:
+        argv.append(f"--max-tries={spec.max_tries}")
+    if spec.connect_per_transaction:
+        argv.append("-C")
+    for name, value in spec.defines.items():
+        argv += ["-D", f"{name}={value}"]
     if spec.builtin is not None:
         argv += ["-b", f"{spec.builtin}@{spec.builtin_weight}"]
     for path, weight in script_paths:
@@ -567,6 +645,11 @@ def run_bench(
         return BenchResult.failure(
             f"invalid connection string {mask_dsn(dsn)}: {scrub(str(exc), dsn)}"
         )
+    if spec.isolation is not None:
+        # libpq's options: spaces inside a value are escaped with a backslash
+        level = spec.isolation.replace(" ", "\\ ")
+        extra = f"-c default_transaction_isolation={level}"
+        env["PGOPTIONS"] = f"{env['PGOPTIONS']} {extra}" if env.get("PGOPTIONS") else extra
     name = env.get("PGAPPNAME")
     if name is None:
         name = env["PGAPPNAME"] = f"{app_name or 'knobtune-pgbench'}-{uuid.uuid4().hex[:8]}"
@@ -686,7 +769,8 @@ def _run(
     elapsed = time.monotonic() - t0
     summary = parse_summary("\n".join(stdout_lines))
     summary.aborted = summary.aborted or any("Run was aborted" in ln for ln in stderr_lines)
-    lat = _latencies(rundir, spec.warmup_s)
+    tx = _read_logs(rundir)
+    lat = latency_stats(tx, spec.warmup_s)
     try:
         # After a stop nobody waits for the backends to report; return at once.
         after = _read_stats(dsn, None if stopped or early else app_name)
@@ -736,6 +820,8 @@ def _run(
         progress=progress,
         summary=summary,
         early_stop=early if not stopped else None,
+        tx=tx if len(tx) or tx.failed_script.size else None,
+        log_sampling=spec.sampling_rate(),
     )
 
 
@@ -744,15 +830,15 @@ def _signal(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
         proc.send_signal(sig)
 
 
-def _latencies(rundir: Path, warmup_s: float) -> LatencyStats:
+def _read_logs(rundir: Path) -> TxLog:
     def texts() -> Iterable[str]:
         for path in sorted(rundir.glob("pgbench_log.*")):
             yield path.read_text(errors="replace")
 
     try:
-        return latency_stats(texts(), warmup_s)
+        return read_tx_log(texts())
     except OSError:
-        return LatencyStats()
+        return TxLog.empty()
 
 
 # -- data ------------------------------------------------------------------------

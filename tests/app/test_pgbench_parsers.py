@@ -172,15 +172,17 @@ def test_summary_of_garbage_is_empty() -> None:
 
 # -- per-transaction log -------------------------------------------------------------
 def test_log_lines() -> None:
-    assert parse_log_line("0 1 6511 0 1795280285 688166") == LogEntry(1795280285.688166, 6.511)
+    assert parse_log_line("0 1 6511 0 1795280285 688166") == LogEntry(
+        1795280285.688166, 6.511, client=0, txno=1, script=0
+    )
     with_lag = parse_log_line("0 1 2528 0 1795280288 759580 109")
     assert with_lag is not None
     assert with_lag.latency_ms == 2.528
-    assert parse_log_line("3 17 failed 0 1795280288 759580 0 2") == LogEntry(
-        1795280288.75958, None, failed=True
+    assert parse_log_line("3 17 failed 1 1795280288 759580 0 2") == LogEntry(
+        1795280288.75958, None, failed=True, client=3, txno=17, script=1
     )
     assert parse_log_line("3 17 skipped 0 1795280288 759580 5000") == LogEntry(
-        1795280288.75958, None, skipped=True
+        1795280288.75958, None, skipped=True, client=3, txno=17
     )
     assert parse_log_line("garbage") is None
     assert parse_log_line("0 1 x 0 1 2") is None
