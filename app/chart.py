@@ -3,16 +3,66 @@
 One function serves the CLI (written next to the exported config) and the
 dashboard (inlined in the page). Each trial is one ``<circle class="trial">``
 so a browser test can count points.
+
+What it shows is what the verdict used: candidates as points (a line joining runs of
+different configs would read as throughput climbing over time), the incumbent's level as
+a step line, and the final check as its two sides, paired run by run.
 """
 
 from __future__ import annotations
 
+import re
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import Any
 
 COLORS = {"keep": "#1a9850", "revert": "#d73027", "failed": "#7b3294", None: "#737373"}
+START, BEST = "#2166ac", "#1a9850"  # the final check's two sides
+LABEL_CHARS = 24  # longer knob-path labels are shortened
+_MEMORY = re.compile(r"^(\d+)(kB|MB|GB|TB)$")
+_UNITS = (("TB", 1024**3), ("GB", 1024**2), ("MB", 1024), ("kB", 1))
+
+
+def readable(value: str) -> str:
+    """A memory value in the unit a DBA would write: '6170912kB' -> '5.89GB' (display only)."""
+    m = _MEMORY.match(value)
+    if m is None:
+        return value
+    kb = int(m.group(1)) * dict(_UNITS)[m.group(2)]
+    for unit, size in _UNITS:
+        if kb >= size:
+            n = kb / size
+            return f"{n:.0f}{unit}" if n == int(n) or n >= 100 else f"{n:.3g}{unit}"
+    return value
+
+
+FINAL_WORDS = {
+    "confirmed": "confirmed",
+    "not-credible": "not credible",
+    "no-change": "below min_gain: no change",
+    "unconfirmed": "cut short: UNCONFIRMED",
+}
+
+
+def final_label(session: Mapping[str, Any]) -> str | None:
+    """What the final check found, from a session shaped like SessionOut."""
+    words = FINAL_WORDS.get(session.get("gain_status") or "")
+    if session.get("gain") is None or words is None:
+        return None
+    return f"{session['gain']:+.1%}, {words}"
+
+
+def _label(knob: str | None, value: str | None, role: str) -> str:
+    if knob:
+        text = f"{knob}={readable(value or '')}"
+    elif value and value.startswith("hints:"):
+        n = value.count("=")  # one per hinted knob
+        return f"PGTune hints ({n} knob{'s' if n != 1 else ''})"
+    else:
+        text = value or role
+    return text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + "\u2026"
 
 
 @dataclass(frozen=True)
@@ -23,6 +73,7 @@ class Point:
     label: str  # e.g. "work_mem=16MB"
     verdict: str | None  # keep, revert, or None (more runs pending / baseline)
     failed: bool = False
+    drift: bool = False  # this run moved against its config's previous run beyond the noise
 
 
 def points_of(trials: Iterable[Mapping[str, Any]]) -> list[Point]:
@@ -32,9 +83,10 @@ def points_of(trials: Iterable[Mapping[str, Any]]) -> list[Point]:
             index=t["index"],
             median_tps=t["samples"]["median_tps"],
             role=t["role"],
-            label=f"{t['knob']}={t['value']}" if t["knob"] else t["value"] or t["role"],
+            label=_label(t["knob"], t["value"], t["role"]),
             verdict=t["verdict"],
             failed=t["error"] is not None,
+            drift=bool(t.get("drift")),
         )
         for t in trials
     ]
@@ -56,25 +108,80 @@ def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return ticks
 
 
+def _outcomes(points: Sequence[Point]) -> dict[int, str | None]:
+    """Each candidate run's evaluation outcome (keep, revert, rejected; None while pending).
+
+    An evaluation's verdict lands on the run that decided it, which may be an incumbent
+    re-run (C I I: the keep is stored on the last I); every candidate run of that
+    evaluation shows the outcome, and the deciding incumbent run stays an incumbent run.
+    """
+    out: dict[int, str | None] = {}
+    pending: list[int] = []
+    for p in points:
+        if p.role == "candidate":
+            pending.append(p.index)
+        if p.verdict is not None and pending:
+            out.update(dict.fromkeys(pending, p.verdict))
+            pending = []
+    out.update(dict.fromkeys(pending))
+    return out
+
+
+def _incumbent_steps(points: Sequence[Point]) -> list[tuple[int, float]]:
+    """(trial index, the incumbent's level after it) over the walk, final check excluded.
+
+    The level is the median of the incumbent's runs so far; a kept candidate's runs
+    become the incumbent's from the run that decided the keep on.
+    """
+    inc: list[float] = []
+    cand: list[float] = []
+    steps = []
+    for p in points:
+        if p.role.startswith("final-"):
+            break
+        if p.median_tps is not None and not p.failed:
+            if p.role in ("baseline", "incumbent"):
+                inc.append(p.median_tps)
+            elif p.role == "candidate":
+                cand.append(p.median_tps)
+        if p.verdict == "keep" and cand:
+            inc = cand
+        if p.verdict is not None:
+            cand = []
+        if inc:
+            steps.append((p.index, statistics.median(inc)))
+    return steps
+
+
 def render_svg(
     points: Sequence[Point],
     *,
     baseline: float | None,
     title: str,
+    final_label: str | None = None,
     width: int = 860,
-    height: int = 380,
+    height: int = 400,
 ) -> str:
-    left, right, top, bottom = 64, 16, 36, 96
+    """The chart; ``final_label`` says what the final check found (e.g. '+12%, confirmed')."""
+    longest = max((len(p.label) for p in points if p.role == "candidate"), default=0)
+    label_room = 18 + int(longest * 5.2 * 0.82)  # 9px text rotated 55 degrees
+    legend_y = height - 10
+    left, right, top = 64, 16, 36
+    bottom = label_room + 26
     w, h = width - left - right, height - top - bottom
+    steps = _incumbent_steps(points)
+    outcome = _outcomes(points)
     values = [p.median_tps for p in points if p.median_tps is not None]
+    values += [v for _, v in steps]
     if baseline is not None:
         values.append(baseline)
     lo = min(values) * 0.9 if values else 0.0
-    hi = max(values) * 1.05 if values else 1.0
+    hi = max(values) * 1.08 if values else 1.0
     n = max(len(points), 1)
+    first = points[0].index if points else 1
 
-    def x(i: int) -> float:
-        return left + (i - 0.5) / n * w
+    def x(i: float) -> float:
+        return left + (i - first + 0.5) / n * w
 
     def y(v: float) -> float:
         return top + h - (v - lo) / (hi - lo or 1.0) * h
@@ -84,6 +191,7 @@ def render_svg(
         f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11" role="img">',
         f"<title>{escape(title)}</title>",
         f'<rect width="{width}" height="{height}" fill="#fff"/>',
+        f'<rect class="plot-area" x="{left}" y="{top}" width="{w}" height="{h}" fill="none"/>',
         f'<text x="{left}" y="20" font-size="14" font-weight="bold">{escape(title)}</text>',
     ]
     for t in _nice_ticks(lo, hi):
@@ -96,56 +204,109 @@ def render_svg(
         f'<text x="14" y="{top + h / 2}" transform="rotate(-90 14 {top + h / 2})" '
         'text-anchor="middle">median tps per run</text>'
     )
+    final = [p for p in points if p.role.startswith("final-")]
+    if final:
+        x0, x1 = x(final[0].index - 0.5), x(final[-1].index + 0.5)
+        out.append(
+            f'<g class="final-check"><rect x="{x0:.1f}" y="{top}" width="{x1 - x0:.1f}" '
+            f'height="{h}" fill="#f4f7fb"/>'
+            f'<text x="{(x0 + x1) / 2:.1f}" y="{top + 12}" text-anchor="middle" '
+            f'font-size="10">final check{": " + escape(final_label) if final_label else ""}'
+            "</text></g>"
+        )
+        # the check runs A B B A A B: each consecutive two is one side-by-side pair
+        for a, b in zip(final[::2], final[1::2], strict=False):
+            if a.median_tps is None or b.median_tps is None:
+                continue
+            out.append(
+                f'<line class="pair" x1="{x(a.index):.1f}" y1="{y(a.median_tps):.1f}" '
+                f'x2="{x(b.index):.1f}" y2="{y(b.median_tps):.1f}" stroke="#999"/>'
+            )
     if baseline is not None:
         out.append(
             f'<line class="baseline" x1="{left}" x2="{left + w}" y1="{y(baseline):.1f}" '
-            f'y2="{y(baseline):.1f}" stroke="#2166ac" stroke-dasharray="6 4"/>'
+            f'y2="{y(baseline):.1f}" stroke="{START}" stroke-dasharray="6 4" opacity="0.7"/>'
         )
         out.append(
-            f'<text x="{left + w}" y="{y(baseline) - 4:.1f}" text-anchor="end" '
-            f'fill="#2166ac">baseline {baseline:.0f}</text>'
+            f'<text x="{left + w - 4}" y="{y(baseline) + 13:.1f}" text-anchor="end" '
+            f'fill="{START}">baseline {baseline:.0f}</text>'
         )
-    path = [(x(p.index), y(p.median_tps)) for p in points if p.median_tps is not None]
-    if len(path) > 1:
-        d = " ".join(
-            f"{'M' if i == 0 else 'L'}{px:.1f},{py:.1f}" for i, (px, py) in enumerate(path)
+    if steps:
+        d = [f"M{x(steps[0][0] - 0.5):.1f},{y(steps[0][1]):.1f}"]
+        for i, v in steps:
+            d.append(f"V{y(v):.1f}H{x(i + 0.5):.1f}")
+        out.append(
+            f'<path class="incumbent" d="{"".join(d)}" fill="none" stroke="#333" '
+            'stroke-width="1.5"/>'
         )
-        out.append(f'<path d="{d}" fill="none" stroke="#bbb"/>')
     for p in points:
-        key = "failed" if p.failed else p.verdict
-        color = COLORS.get(key, COLORS[None])
         cy = y(p.median_tps) if p.median_tps is not None else top + h
         tip = f"#{p.index} {p.label}: " + (
             f"{p.median_tps:.0f} tps" if p.median_tps is not None else "failed"
         )
         if p.verdict:
             tip += f" ({p.verdict})"
-        shape = 5 if p.role == "candidate" else 3.5
+        if p.failed:
+            paint = f'r="4" fill="{COLORS["failed"]}"'
+        elif p.role == "final-baseline":
+            paint = f'r="4" fill="#fff" stroke="{START}" stroke-width="2"'
+        elif p.role == "final-incumbent":
+            paint = f'r="4" fill="{BEST}"'
+        elif p.role == "candidate":
+            paint = f'r="5" fill="{COLORS.get(outcome.get(p.index), COLORS[None])}"'
+        else:
+            paint = f'r="3.5" fill="{COLORS[None]}"'
+        verdict = escape(str(outcome.get(p.index, p.verdict)))
         out.append(
-            f'<circle class="trial" data-index="{p.index}" data-verdict="{escape(str(p.verdict))}" '
-            f'cx="{x(p.index):.1f}" cy="{cy:.1f}" r="{shape}" fill="{color}">'
-            f"<title>{escape(tip)}</title></circle>"
+            f'<circle class="trial" data-index="{p.index}" data-role="{p.role}" '
+            f'data-verdict="{verdict}" cx="{x(p.index):.1f}" cy="{cy:.1f}" '
+            f"{paint}><title>{escape(tip)}</title></circle>"
         )
+    # Load shifts: a run that moved against its config's previous run beyond the noise.
+    for p in points:
+        if p.drift:
+            px = x(p.index)
+            out.append(
+                f'<polygon class="shift" points="{px - 5:.1f},{top + 2} {px + 5:.1f},{top + 2} '
+                f'{px:.1f},{top + 10}" fill="#e08214"><title>the server\'s load moved here: '
+                "runs of one config differ beyond the noise</title></polygon>"
+            )
     # The knob path: which knob each trial moved, under the axis.
     for p in points:
         if p.role == "candidate":
             out.append(
-                f'<text x="{x(p.index):.1f}" y="{top + h + 14}" text-anchor="end" '
-                f'transform="rotate(-55 {x(p.index):.1f} {top + h + 14})" '
+                f'<text class="knob-label" x="{x(p.index):.1f}" y="{top + h + 14}" '
+                f'text-anchor="end" transform="rotate(-55 {x(p.index):.1f} {top + h + 14})" '
                 f'font-size="9">{escape(p.label)}</text>'
             )
     legend = [
-        ("kept", COLORS["keep"]),
-        ("reverted", COLORS["revert"]),
-        ("baseline / re-measure / pending", COLORS[None]),
-        ("failed", COLORS["failed"]),
+        ("kept", f'r="4" fill="{COLORS["keep"]}"'),
+        ("reverted", f'r="4" fill="{COLORS["revert"]}"'),
+        ("baseline / re-measure / pending", f'r="4" fill="{COLORS[None]}"'),
+        ("failed", f'r="4" fill="{COLORS["failed"]}"'),
     ]
+    if any(p.drift for p in points):
+        legend.append(("load shift (marker on top)", 'r="4" fill="#e08214"'))
+    if final:
+        legend += [
+            ("final check: start", f'r="4" fill="#fff" stroke="{START}" stroke-width="2"'),
+            ("best", f'r="4" fill="{BEST}"'),
+        ]
     lx = left
-    for name, color in legend:
+    out.append('<g class="legend">')
+    if steps:
         out.append(
-            f'<circle cx="{lx}" cy="{height - 10}" r="4" fill="{color}"/>'
-            f'<text x="{lx + 8}" y="{height - 6}">{name}</text>'
+            f'<line x1="{lx - 6}" x2="{lx + 10}" y1="{legend_y - 4}" y2="{legend_y - 4}" '
+            f'stroke="#333" stroke-width="1.5"/><text x="{lx + 14}" y="{legend_y}">incumbent'
+            "</text>"
         )
-        lx += 40 + 6 * len(name)
+        lx += 90
+    for name, paint in legend:
+        out.append(
+            f'<circle cx="{lx}" cy="{legend_y - 4}" {paint}/>'
+            f'<text x="{lx + 8}" y="{legend_y}">{name}</text>'
+        )
+        lx += 24 + int(6.2 * len(name))
+    out.append("</g>")
     out.append("</svg>")
     return "\n".join(out)

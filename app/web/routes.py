@@ -25,13 +25,14 @@ from sqlalchemy import select
 
 from app import service
 from app.api.deps import DB, TOKEN_COOKIE, AppSettings, is_authorized, token_ok
-from app.chart import points_of, render_svg
+from app.chart import final_label, points_of, readable, render_svg
 from app.db import Database
 from app.models import ACTIVE_STATUSES, Trial, TuningSession
 from app.postgres.dsn import mask_dsn
 from app.postgres.sandbox import SandboxError
 from app.schemas import SessionIn, TargetIn, WorkloadIn
 from optimizer.catalogue import CATALOGUE
+from optimizer.render import status_label
 
 HERE = Path(__file__).parent
 SESSIONS_SHOWN = 50  # the index lists the newest sessions only: bounded page cost
@@ -100,7 +101,14 @@ def fmt_duration(seconds: float | None) -> str:
 
 templates = Jinja2Templates(directory=HERE / "templates")
 templates.env.globals.update(static_url=static_url, ACTIVE=ACTIVE_STATUSES)
-templates.env.filters.update(tps=fmt_tps, gain=fmt_gain, when=fmt_when, duration=fmt_duration)
+templates.env.filters.update(
+    tps=fmt_tps,
+    gain=fmt_gain,
+    when=fmt_when,
+    duration=fmt_duration,
+    claim=status_label,
+    readable=readable,
+)
 
 
 def _page(request: Request, name: str, ctx: dict[str, Any], status: int = 200) -> HTMLResponse:
@@ -193,6 +201,7 @@ def _session_defaults() -> dict[str, str]:
         "duration_s": str(wl.duration_s),
         "warmup_s": str(wl.warmup_s),
         "max_trials": str(SessionIn.model_fields["max_trials"].default),
+        "final_check_runs": str(SessionIn.model_fields["final_check_runs"].default),
         "on_finish": "restore",
         "start": "current",
     }
@@ -284,7 +293,7 @@ def _session_request(form: dict[str, str]) -> dict[str, Any]:
         if (value := given(key)) is not None:
             workload[key] = value
     body: dict[str, Any] = {"workload": workload}
-    for key in ("target_id", "max_trials", "on_finish", "start"):
+    for key in ("target_id", "max_trials", "final_check_runs", "on_finish", "start"):
         if (value := given(key)) is not None:
             body[key] = value
     knobs = [k for k in re.split(r"[\s,]+", form.get("knobs", "")) if k]
@@ -352,6 +361,7 @@ def _trials(db: Database, session_id: int) -> list[dict[str, Any]]:
         Trial.verdict,
         Trial.reason,
         Trial.error,
+        Trial.drift,
         Trial.started_at,
         Trial.finished_at,
     )
@@ -386,8 +396,9 @@ def _session_ctx(db: Database, session_id: int) -> dict[str, Any]:
             points_of(trials),
             baseline=out.baseline_tps,
             title=f"Session {session_id}: median throughput per trial",
+            final_label=final_label(out.model_dump()),
         )
-        if trials
+        if any(t["median_tps"] is not None and t["error"] is None for t in trials)
         else None
     )
     start, best = sess.start_config or {}, sess.best_config or {}
@@ -401,7 +412,10 @@ def _session_ctx(db: Database, session_id: int) -> dict[str, Any]:
         "trials": trials,
         "chart": chart,
         "config": config,
-        "downloads": sess.start_config is not None and sess.best_config is not None,
+        # a failed session offers no download of a config that recommends nothing
+        "downloads": sess.start_config is not None
+        and sess.best_config is not None
+        and (sess.status != "failed" or any(c["changed"] for c in config)),
         "wl": out.request.get("workload", {}),
         "knobs": _knobs_label(out.request.get("knobs")),
     }

@@ -29,6 +29,7 @@ from app.main import create_app
 from app.models import Target, Trial, TuningSession
 from app.postgres.sandbox import free_port
 from app.settings import Settings
+from tests.helpers import WORK_MEM_SQL
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -168,6 +169,7 @@ def test_dashboard_in_chromium(server: Server, tmp_path: Path) -> None:
         assert page.locator("#chart circle.trial").count() == len(trials)
         assert page.locator("#chart line.baseline").count() == 1
         assert "work_mem=" in page.inner_text("#chart")
+        check_chart_structure(page, trials)
         assert page.locator("tr.trial-row").count() == len(trials)
         assert page.inner_text("[data-live=status]") == "succeeded"
 
@@ -198,6 +200,29 @@ def test_dashboard_in_chromium(server: Server, tmp_path: Path) -> None:
         )
         page.screenshot(path=str(tmp_path / "index.png"), full_page=True)
         print(f"index screenshot: {tmp_path / 'index.png'}")
+
+        # A failed session: no empty chart, no download of a config that recommends nothing.
+        # (The script passes a dry run of a few transactions, then fails in the baseline.)
+        target_id = api.get("/api/v1/targets").json()[0]["id"]
+        failing = "SELECT 1 / (CASE WHEN random() < 0.0005 THEN 0 ELSE 1 END);"
+        r = api.post(
+            "/api/v1/sessions",
+            json={"target_id": target_id, "knobs": ["work_mem"], "max_trials": 11,
+                  "workload": {"builtin": None, "scripts": [{"sql": failing}], "init": False,
+                               "clients": 2, "jobs": 1, "duration_s": 3, "warmup_s": 1}},
+        )  # fmt: skip
+        assert r.status_code == 202, r.text
+        bad = r.json()["id"]
+        deadline = time.monotonic() + 120
+        while api.get(f"/api/v1/sessions/{bad}").json()["status"] in ("queued", "running"):
+            assert time.monotonic() < deadline, "the failing session did not end"
+            time.sleep(0.5)
+        assert api.get(f"/api/v1/sessions/{bad}").json()["status"] == "failed"
+        page.goto(f"{server.url}/sessions/{bad}")
+        assert page.locator("#chart").count() == 0
+        assert page.locator("#download-conf").count() == 0
+        assert "nothing to chart" in page.inner_text("#results")
+        page.screenshot(path=str(tmp_path / "failed.png"), full_page=True)
         browser.close()
 
     # The deliberate 422 of the form-error check is the only failed load allowed.
@@ -208,16 +233,50 @@ def test_dashboard_in_chromium(server: Server, tmp_path: Path) -> None:
 def fill_session_form(page: Page, *, duration_s: str, warmup_s: str) -> None:
     page.select_option("#session-form select[name=target_id]", label="sandbox-e2e")
     page.fill("#session-form input[name=knobs]", "work_mem")
-    page.select_option("#session-form select[name=builtin]", "tpcb-like")
+    # work_mem decides its speed: the hint is kept within the walk, so the final check runs
+    page.select_option("#session-form select[name=builtin]", "none")
+    page.fill("#session-form textarea[name=script]", WORK_MEM_SQL)
     for name, value in {
         "scale": "1",
         "clients": "2",
         "jobs": "1",
         "duration_s": duration_s,
         "warmup_s": warmup_s,
-        "max_trials": "4",
+        "max_trials": "11",
     }.items():
         page.fill(f"#session-form input[name={name}]", value)
+
+
+def check_chart_structure(page: Page, trials: list[dict[str, Any]]) -> None:
+    """Issue 14's chart rules, measured in the browser's own layout."""
+    # no line joins runs of different configs: the only path is the incumbent's step line
+    assert page.locator("#chart path:not(.incumbent)").count() == 0
+    assert page.locator("#chart path.incumbent").count() == 1
+    final = [t for t in trials if t["role"].startswith("final-")]
+    assert final, "the sort's work_mem hint was not kept: no final check to draw"
+    assert page.locator("#chart g.final-check").count() == 1
+    assert page.locator("#chart line.pair").count() == len(final) // 2
+    geometry = page.evaluate(
+        """() => {
+        const box = (e) => { const r = e.getBoundingClientRect();
+            return [r.left, r.top, r.right, r.bottom]; };
+        const svg = document.querySelector('#chart svg');
+        return {
+            plot: box(svg.querySelector('.plot-area')),
+            legend: box(svg.querySelector('.legend')),
+            labels: [...svg.querySelectorAll('.knob-label')].map(box),
+            points: [...svg.querySelectorAll('circle.trial')].map((c) => {
+                const r = c.getBoundingClientRect();
+                return [(r.left + r.right) / 2, (r.top + r.bottom) / 2]; }),
+        }; }"""
+    )
+    left, top, right, bottom = geometry["plot"]
+    for cx, cy in geometry["points"]:
+        assert left <= cx <= right, (cx, geometry["plot"])
+        assert top <= cy <= bottom, (cy, geometry["plot"])
+    legend_top = geometry["legend"][1]
+    for label in geometry["labels"]:
+        assert label[3] <= legend_top, (label, geometry["legend"])  # no overlap
 
 
 def download(page: Page, selector: str) -> str:

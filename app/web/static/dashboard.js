@@ -56,6 +56,11 @@
     }
     const W = 600, H = 90, pad = 6;
     const hi = Math.max(...samples) * 1.1 || 1;
+    // the y axis: the strip's top is hi tps (its bottom is 0); the x axis: seconds
+    const top = document.querySelector("[data-live=axis-max]");
+    if (top) top.textContent = Math.round(hi) + " tps";
+    const end = document.querySelector("[data-live=axis-end]");
+    if (end) end.textContent = n + " s";
     // One sample: a flat line across, so the first second is already visible.
     const vals = n === 1 ? [samples[0], samples[0]] : samples;
     const x = (i) => (i / (vals.length - 1)) * W;
