@@ -24,6 +24,8 @@ from typing import Any
 
 import httpx
 
+from optimizer.render import status_label
+
 DEMO_SORT_SQL = (
     "\\set a random(1, 100000 * :scale - 60000)\n"
     "SELECT aid FROM (SELECT aid, filler FROM pgbench_accounts "
@@ -217,7 +219,7 @@ class _LineView:
 
 
 def write_outputs(api: Api, session_id: int, out: Path) -> tuple[Path, Path]:
-    from app.chart import points_of, render_svg
+    from app.chart import final_label, points_of, render_svg
 
     out.mkdir(parents=True, exist_ok=True)
     conf = out / "postgresql.conf"
@@ -230,6 +232,7 @@ def write_outputs(api: Api, session_id: int, out: Path) -> tuple[Path, Path]:
             points_of(trials),
             baseline=sess["baseline_tps"],
             title=f"knobtune session {session_id}: throughput per trial",
+            final_label=final_label(sess),
         )
     )
     return conf, chart
@@ -359,10 +362,12 @@ def _report(api: Api, final: dict[str, Any], out: Path) -> int:
     if final["status"] == "failed":
         raise CliError(f"session failed: {final['error']}")
     conf, chart = write_outputs(api, final["id"], out)
-    gain = final["gain"]
+    gain, label = final["gain"], status_label(final.get("gain_status"))
+    ci = final.get("gain_ci")
+    sure = f"95% CI {ci[0]:+.1%}..{ci[1]:+.1%}, " if ci else ""
     print(
         f"baseline {final['baseline_tps']:.1f} tps -> best {final['best_tps']:.1f} tps "
-        f"({gain * 100:+.1f}%)"
+        f"({gain * 100:+.1f}%; {sure}{label or 'not checked'})"
         if gain is not None
         else "no measured gain"
     )
@@ -404,6 +409,8 @@ def cmd_sessions(args: argparse.Namespace) -> int:
         rows = api.call("GET", "/api/v1/sessions", params={"limit": args.limit})
     for s in rows:
         gain = f"{s['gain'] * 100:+.1f}%" if s["gain"] is not None else "-"
+        if s.get("gain_status") == "unconfirmed":
+            gain += " (UNCONFIRMED)"
         status, target = s["status"], s["target_id"]
         print(f"{s['id']:>5}  {status:<10} target {target:<4} gain {gain:>7}  {s['phase']}")
     return 0
@@ -446,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--warmup", type=int, default=2)
     s.add_argument("--clients", type=int, default=4)
     s.add_argument("--scale", type=int, default=10)
-    s.add_argument("--max-trials", type=int, default=10)
+    s.add_argument("--max-trials", type=int, default=14)
     s.add_argument("--seed", type=int, default=1)
     s.set_defaults(func=cmd_demo)
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import statistics
 import threading
 import time
@@ -286,6 +287,7 @@ class SessionRunner:
             self.stored_applied: dict[str, Any] = dict(sess.applied or {})
             self.resumed = sess.attempts > 0
             self.on_finish = body.on_finish
+            self.local = ctl.local  # the host's load is ours to see only for a local target
         if self.stored_snapshot is not None:
             self.snapshot = Snapshot.from_json(self.stored_snapshot["target"])
         return body, ctl
@@ -377,6 +379,7 @@ class SessionRunner:
         built = session_optimizer(body, data, self.seed, can_restart=ctl.can_restart)
         opt, start, notes, hw = built.optimizer, built.start, built.notes, built.hardware
         replayed = self._replay(opt)
+        self._shifts_noted = len(opt.shifts)  # a resumed session noted these already
         self._update(start_config=start, notes=notes, trials_planned=opt.planned_trials())
         if replayed:
             log.info("session %s: resumed after %d stored trials", self.session_id, replayed)
@@ -528,7 +531,11 @@ class SessionRunner:
                 self._warm_up(spec)
                 timings["warmup_s"] = round(time.monotonic() - t, 3)
                 self.hb.check()
-            self._phase(describe(cand))
+            shifted = p.optimizer.shifts and p.optimizer.shifts[-1].trial == cand.index - 1
+            # a load shift was just seen: say so while the session re-measures
+            self._phase(
+                describe(cand) + (" (the server's load moved: re-measuring)" if shifted else "")
+            )
             self.hb.live.clear()
             watch = self._watch(cand, spec, p.optimizer.incumbent)
             t = time.monotonic()
@@ -703,8 +710,13 @@ class SessionRunner:
             error=error,
             started_at=started,
             finished_at=utcnow(),
+            ci_low=verdict.ci[0] if verdict and verdict.ci and not rejected else None,
+            ci_high=verdict.ci[1] if verdict and verdict.ci and not rejected else None,
+            drift=any(sh.trial == cand.index for sh in opt.shifts),
+            host=_host_load() if self.local else {},
         )
         incumbent = opt.incumbent
+        claim = _claim(opt)
         first = True
 
         def write() -> None:
@@ -719,12 +731,17 @@ class SessionRunner:
                     sess.benchmark_s = (sess.benchmark_s or 0.0) + timings.get("bench_s", 0.0)
                     s.flush()
                     _summarize(sess, s, incumbent)
+                    for k, v in claim.items():
+                        setattr(sess, k, v)
             except IntegrityError:
                 # A retry after a commit whose acknowledgement was lost: the row is there.
                 if not retry or not self._trial_stored(cand.index + 1):
                     raise
 
         self._retrying(f"storing trial {cand.index + 1}", write)
+        for sh in opt.shifts[self._shifts_noted :]:
+            self._note(sh.text())
+        self._shifts_noted = len(opt.shifts)
         if error is None and not rejected:
             self._remember(cand.config, opt_samples, trial.failed_transactions)
 
@@ -855,13 +872,33 @@ def _final_check_text(opt: CoordinateDescent) -> str:
         f"final check, best config against the start side by side ({a} + {b} runs): "
         f"{v.gain:+.1%}{p}"
     )
-    if opt.unconfirmed is None:
+    if v.shift:
+        text += " (the server's load moved during the check: its interval counts that as noise)"
+    if opt.final_rejected is None:
         return text + (", credible" if v.keep else ", not credible at the verdict's error rate")
-    changed = ", ".join(f"{k}={x}" for k, x in opt.unconfirmed.items() if opt.baseline[k] != x)
+    changed = ", ".join(f"{k}={x}" for k, x in opt.final_rejected.items() if opt.baseline[k] != x)
     return (
         f"{text}, below min_gain: recommending no change (the walk's best was {changed}; "
         "a longer session or longer runs may prove it)"
     )
+
+
+def _claim(opt: CoordinateDescent) -> dict[str, Any]:
+    """The session's claim columns: how sure its gain is, with the verdict's p and interval."""
+    ov = opt.overall()
+    measured = ov is not None and ov.runs[1] > 0
+    return {
+        "gain_status": opt.claim,
+        "gain_p_value": ov.p_value if ov is not None and measured else None,
+        "gain_ci_low": ov.ci[0] if ov is not None and measured and ov.ci else None,
+        "gain_ci_high": ov.ci[1] if ov is not None and measured and ov.ci else None,
+    }
+
+
+def _host_load() -> dict[str, Any]:
+    """The service host's load when a run ended (the target is on it): backs drift notes."""
+    one, five, _ = os.getloadavg()
+    return {"load1": round(one, 2), "load5": round(five, 2), "cpus": os.cpu_count()}
 
 
 def _label(cand: Candidate) -> str:

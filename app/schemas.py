@@ -143,7 +143,24 @@ class SessionIn(BaseModel):
         description="Starting from the current values, try PGTune-style values for this "
         "machine first (all together, then per knob), each judged like any candidate.",
     )
+    final_check_runs: int = Field(
+        default=6,
+        ge=0,
+        le=20,
+        description="Runs of the final check (best config and start side by side, A B B A "
+        "A B), set aside from max_trials and the time budget when the session starts. Even. "
+        "0 skips it: any gain the session claims is then marked unconfirmed.",
+    )
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+
+    @model_validator(mode="after")
+    def _even_check(self) -> SessionIn:
+        if self.final_check_runs % 2:
+            raise ValueError(
+                f"final_check_runs must be even (runs alternate A B B A ...), "
+                f"not {self.final_check_runs}"
+            )
+        return self
 
 
 class Progress(BaseModel):
@@ -162,6 +179,11 @@ class SessionOut(BaseModel):
     baseline_tps: float | None
     best_tps: float | None
     gain: float | None
+    # how sure `gain` is: confirmed (the final check measured it), unconfirmed (the check
+    # did not complete: runs minutes apart, may be load drift), no-change, none
+    gain_status: str | None
+    gain_p_value: float | None
+    gain_ci: list[float] | None  # 95% interval of gain
     best_config: dict[str, str] | None
     live_tps: list[float]
     error: str | None
@@ -183,6 +205,9 @@ class TrialOut(BaseModel):
     verdict: str | None
     gain: float | None
     p_value: float | None
+    ci: list[float] | None  # 95% interval of gain, when a verdict was reached
+    drift: bool  # this run moved against the same config's previous run beyond the noise
+    host: dict[str, Any]  # the service host's load while it ran (local targets)
     reason: str | None
     metrics: dict[str, Any]
     timings: dict[str, Any]

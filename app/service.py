@@ -29,7 +29,14 @@ from app.schemas import (
     TrialOut,
 )
 from app.settings import Settings
-from app.tuning import RequestError, build_space, hardware_from, rows_from_json, rows_to_json
+from app.tuning import (
+    RequestError,
+    build_space,
+    check_session_budget,
+    hardware_from,
+    rows_from_json,
+    rows_to_json,
+)
 from optimizer.catalogue import CATALOGUE
 from optimizer.render import Recommendation, render_conf, render_json, render_sql
 
@@ -217,6 +224,7 @@ def validate_session(target: Target, body: SessionIn) -> None:
     try:
         hw = hardware_from(target.ram_bytes, target.cpus)
         build_space(body, rows, hw)
+        check_session_budget(body)
     except RequestError as exc:
         raise ServiceError(422, str(exc)) from exc
 
@@ -343,6 +351,9 @@ def session_out(
         baseline_tps=sess.baseline_tps,
         best_tps=sess.best_tps,
         gain=sess.gain,
+        gain_status=sess.gain_status,
+        gain_p_value=sess.gain_p_value,
+        gain_ci=_interval(sess.gain_ci_low, sess.gain_ci_high),
         best_config=sess.best_config,
         live_tps=live,
         error=sess.error,
@@ -394,6 +405,9 @@ def trial_out(t: Trial) -> TrialOut:
         verdict=t.verdict,
         gain=t.gain,
         p_value=t.p_value,
+        ci=_interval(t.ci_low, t.ci_high),
+        drift=bool(t.drift),
+        host=t.host or {},
         reason=t.reason,
         metrics=t.metrics or {},
         timings=t.timings or {},
@@ -401,6 +415,15 @@ def trial_out(t: Trial) -> TrialOut:
         started_at=t.started_at,
         finished_at=t.finished_at,
     )
+
+
+def _pair(low: float | None, high: float | None) -> tuple[float, float] | None:
+    return (low, high) if low is not None and high is not None else None
+
+
+def _interval(low: float | None, high: float | None) -> list[float] | None:
+    pair = _pair(low, high)
+    return list(pair) if pair else None
 
 
 # -- export -------------------------------------------------------------------------
@@ -433,11 +456,28 @@ def recommendation(db: Database, session_id: int) -> Recommendation:
     return Recommendation.from_trials(
         original=sess.start_config,
         recommended=sess.best_config,
-        trials=[(t.knob, t.verdict, t.gain) for t in trials],
+        trials=[(_changed_knobs(t, sess.start_config), t.verdict, t.gain) for t in trials],
         overall_gain=sess.gain,
+        overall_p_value=sess.gain_p_value,
         header=header,
         unsafe=unsafe,
+        gain_status=sess.gain_status,
+        overall_ci=_pair(sess.gain_ci_low, sess.gain_ci_high),
+        check=_check_text(trials),
     )
+
+
+def _changed_knobs(t: Trial, start: dict[str, str]) -> str | tuple[str, ...] | None:
+    """The knob a trial changed; for several at once (the hints), every one it changed."""
+    if t.knob is not None or t.role != "candidate":
+        return t.knob
+    return tuple(k for k, v in t.config.items() if start.get(k) != v)
+
+
+def _check_text(trials: list[Trial]) -> str | None:
+    runs = [t for t in trials if t.role.startswith("final-") and t.median_tps is not None]
+    a = sum(t.role == "final-baseline" for t in runs)
+    return f"{a} + {len(runs) - a} side-by-side runs" if runs else None
 
 
 def export(db: Database, session_id: int, fmt: str) -> str:

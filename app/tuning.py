@@ -14,7 +14,13 @@ from typing import Any
 
 from app.schemas import KnobIn, SessionIn, WorkloadIn
 from optimizer.catalogue import Hardware, default_knobs, knob_space
-from optimizer.descent import Candidate, CoordinateDescent, Measurement
+from optimizer.descent import (
+    BudgetError,
+    Candidate,
+    CoordinateDescent,
+    Measurement,
+    check_budget,
+)
 from optimizer.heuristic import pgtune
 from optimizer.knobs import Config, Knob, KnobError, KnobValueError, SettingRow
 
@@ -141,7 +147,31 @@ def make_optimizer(
         run_seconds=float(wl.duration_s - wl.warmup_s),
         max_passes=body.max_passes,
         hints=hints,
+        final_runs=body.final_check_runs,
     )
+
+
+def check_session_budget(body: SessionIn) -> None:
+    """RequestError naming the minimum when the budget cannot hold the walk and the check."""
+    wl = body.workload
+    try:
+        runs = check_budget(
+            max_trials=body.max_trials,
+            max_benchmark_s=None,
+            run_seconds=float(wl.duration_s - wl.warmup_s),
+            final_runs=body.final_check_runs,
+        )
+    except BudgetError as exc:
+        raise RequestError(str(exc)) from exc
+    # wall clock: every run is a whole pgbench run, its warm-up included
+    need = runs * wl.duration_s
+    if body.time_budget_s is not None and body.time_budget_s < need:
+        raise RequestError(
+            f"time_budget_s={body.time_budget_s:g} cannot hold the {runs} runs a session needs "
+            f"at least (baseline, a first evaluation and the final check of "
+            f"{body.final_check_runs} runs, set aside from the start) of {wl.duration_s} s "
+            f"each: give time_budget_s >= {need:g}, or shorter runs (workload.duration_s)"
+        )
 
 
 @dataclass(frozen=True)

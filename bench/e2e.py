@@ -40,7 +40,7 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.chart import points_of, render_svg  # noqa: E402
+from app.chart import final_label, points_of, render_svg  # noqa: E402
 from app.postgres.pgbench import BenchSpec, run_bench  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
@@ -127,6 +127,7 @@ def tune(
             points_of(trials),
             baseline=s["baseline_tps"],
             title=f"bench/e2e.py {spec['name']}: median tps per trial",
+            final_label=final_label(s),
         )
     )
     return {

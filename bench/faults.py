@@ -374,9 +374,11 @@ class Scenario:
             },
         )
         assert r.status_code == 201, r.text
-        # No PGTune hints: each scenario times its fault on a known walk (x4, then x2 steps).
+        # No PGTune hints: each scenario times its fault on a known walk (x4, then x2 steps),
+        # and no final check unless asked (its 6 runs would triple the short sessions).
         body = {"target_id": r.json()["id"], "knobs": knobs, "max_trials": max_trials,
-                "seed": 5, "workload": self.workload, "hints": False, **extra}  # fmt: skip
+                "seed": 5, "workload": self.workload, "hints": False,
+                "final_check_runs": 0, **extra}  # fmt: skip
         r = api.post("/api/v1/sessions", json=body)
         assert r.status_code == 202, r.text
         self.sid = int(r.json()["id"])
@@ -496,7 +498,7 @@ def target_killed(back: bool, root: Path, factory: ServiceFactory, quick: bool =
     kind = "target_killed_back" if back else "target_killed_gone"
     env = {"KNOBTUNE_TARGET_RETRY_S": "20" if back else "4"}
     with scenario(kind, root, factory, env=env, quick=quick) as sc:
-        trials = (4 if quick else 6) if back else 8
+        trials = (5 if quick else 6) if back else 8
         sid = sc.begin(["work_mem", "max_wal_size"], max_trials=trials)
         api = sc.service.api
         wait_until(api, sid, lambda s: s["progress"]["trials_done"] >= 2 and PHASES["measuring"](s),
@@ -523,7 +525,7 @@ def target_killed(back: bool, root: Path, factory: ServiceFactory, quick: bool =
 def unbootable_candidate(root: Path, factory: ServiceFactory, quick: bool = False) -> Run:
     prefix = f"ulimit -v {UNBOOTABLE_ULIMIT_KB}; "
     with scenario("unbootable_candidate", root, factory, restart_prefix=prefix, quick=quick) as sc:
-        sid = sc.begin(["shared_buffers"], max_trials=4 if quick else 5)
+        sid = sc.begin(["shared_buffers"], max_trials=5)
         sc.finish([])
         trials = trials_of(sc.service.api, sid)
         bad = [t for t in trials if t["value"] == "512MB"]
@@ -545,7 +547,7 @@ def metadata_outage(
     url = f"postgresql+psycopg://postgres@127.0.0.1:{meta.port}/postgres"
     try:
         with scenario("metadata_db_outage", root, factory, db_url=url, quick=quick) as sc:
-            sid = sc.begin(["work_mem", "max_wal_size"], max_trials=4 if quick else 6)
+            sid = sc.begin(["work_mem", "max_wal_size"], max_trials=5 if quick else 6)
             api = sc.service.api
             wait_until(api, sid,
                        lambda s: s["progress"]["trials_done"] >= 2 and PHASES["measuring"](s),
@@ -570,7 +572,7 @@ def pgbench_fault(what: str, root: Path, factory: ServiceFactory, quick: bool = 
         if what == "logdir_unwritable":
             (sc.dir / "runs").write_text("a file where pgbench's log directories go\n")
         if what == "killed":
-            sid = sc.begin(["work_mem"], max_trials=4)
+            sid = sc.begin(["work_mem"], max_trials=5)
             api = sc.service.api
             wait_until(api, sid, PHASES["measuring"], 120)
             pids = children_named(sc.service.pid, "pgbench")
@@ -583,7 +585,7 @@ def pgbench_fault(what: str, root: Path, factory: ServiceFactory, quick: bool = 
                 sc.run.problems.append("the kill is not on a trial and in the session's notes")
         else:
             script = {"builtin": None, "scripts": [{"sql": "SELECT 1;"}], "init": False}
-            sid = sc.begin(["work_mem"], max_trials=4, workload={**sc.workload, **script})
+            sid = sc.begin(["work_mem"], max_trials=5, workload={**sc.workload, **script})
             final = sc.finish([], want="failed")
             trials = trials_of(sc.service.api, sid)
             needle = "pgbench" if what == "missing" else "writable work directory"

@@ -18,6 +18,16 @@ from app.postgres.sandbox import free_port
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# A workload whose speed work_mem decides, without the noise of a real sort: each
+# transaction waits 8 ms at work_mem <= 4MB and 4 ms above (any PGTune value or x4 step).
+# Sleep-bound, so a busy CPU (parallel tests) does not move it: sessions in tests keep it
+# within a few runs of 2 s, where a sort at ~10 tps cannot be told from noise in 2 samples.
+WORK_MEM_SQL = (
+    "SELECT pg_sleep(CASE WHEN pg_size_bytes(current_setting('work_mem')) > 4194304 "
+    "THEN 0.004 ELSE 0.008 END);"
+)
+
+
 def file_settings(dsn: str) -> list[tuple[Any, ...]]:
     """The target's configuration files as the server reads them: what 'restored' means."""
     # A timeout: fault tests read targets that may be down.

@@ -43,6 +43,7 @@ def test_sigkill_during_benchmark_then_resume(service: ServiceProcess) -> None:
                 "target_id": target["id"],
                 "knobs": ["work_mem", "max_wal_size"],
                 "max_trials": 7,
+                "final_check_runs": 0,
                 "seed": 3,
                 "workload": {
                     "builtin": "tpcb-like",
