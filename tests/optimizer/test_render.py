@@ -118,3 +118,37 @@ def test_from_trials() -> None:
     assert wm.gain == pytest.approx(1.2 * 1.1 - 1)
     assert rec.header == {"session": "3"}
     assert "DURABILITY-UNSAFE: fsync = off" in render_conf(rec)
+
+
+def test_knobs_changed_inside_the_hints_bundle_count_as_tried() -> None:
+    rec = Recommendation.from_trials(
+        original={"work_mem": "4MB", "random_page_cost": "4", "jit": "on"},
+        recommended={"work_mem": "28MB", "random_page_cost": "4", "jit": "on"},
+        # the bundle changed work_mem and random_page_cost together and was reverted;
+        # then work_mem alone was kept
+        trials=[(("work_mem", "random_page_cost"), "revert", None), ("work_mem", "keep", 0.3)],
+        overall_gain=0.3,
+        gain_status="confirmed",
+    )
+    lines = render_conf(rec).splitlines()
+    assert not any(line.startswith("# not tried") and "random_page_cost" in line for line in lines)
+    assert "# not tried (budget spent first): jit" in lines
+    assert any(line.startswith("# unchanged") and "random_page_cost" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("status", "says"),
+    [
+        ("confirmed", "overall measured gain vs original: +55.0%"),
+        ("not-credible", "NOT CREDIBLE"),
+        ("unconfirmed", "UNCONFIRMED"),
+        ("no-change", "no change recommended"),
+    ],
+)
+def test_every_export_says_how_sure_the_claim_is(status: str, says: str) -> None:
+    from dataclasses import replace
+
+    rec = replace(REC, gain_status=status, overall_ci=(0.3, 0.8))
+    for text in (render_conf(rec), render_sql(rec)):
+        assert sum(says in line for line in text.splitlines()[:8]) == 1, text
+    assert says in json.loads(render_json(rec))["claim"]
