@@ -877,17 +877,25 @@ def _final_check_text(opt: CoordinateDescent) -> str:
     if opt.final_rejected is None:
         return text + (", credible" if v.keep else ", not credible at the verdict's error rate")
     changed = ", ".join(f"{k}={x}" for k, x in opt.final_rejected.items() if opt.baseline[k] != x)
+    why = "below min_gain" if v.gain < opt.min_gain else "not credible while the load moved"
     return (
-        f"{text}, below min_gain: recommending no change (the walk's best was {changed}; "
+        f"{text}, {why}: recommending no change (the walk's best was {changed}; "
         "a longer session or longer runs may prove it)"
     )
 
 
 def _claim(opt: CoordinateDescent) -> dict[str, Any]:
-    """The session's claim columns: how sure its gain is, with the verdict's p and interval."""
+    """The session's claim columns: its gain as the verdict measured it, and how sure it is.
+
+    The gain is the verdict's (the difference of the runs' robust levels), not the ratio of
+    median tps shown beside it: under a changing load the two can disagree even in sign,
+    and the figure that carries the interval and the decision is the verdict's.
+    """
     ov = opt.overall()
     measured = ov is not None and ov.runs[1] > 0
+    gain = {"gain": ov.gain} if ov is not None and measured else {}
     return {
+        **gain,
         "gain_status": opt.claim,
         "gain_p_value": ov.p_value if ov is not None and measured else None,
         "gain_ci_low": ov.ci[0] if ov is not None and measured and ov.ci else None,

@@ -634,10 +634,13 @@ class CoordinateDescent:
         if self.checked and v is not None:
             moved = self._final_shifts()
             self.final_verdict = replace(v, shift=bool(moved))
-            if v.gain < self.min_gain:
+            if v.gain < self.min_gain or (moved and not v.keep):
                 # Side by side, not even min_gain better than what the server ran: no change
                 # is worth recommending. (Not "credibly better" again: with 3 runs each that
-                # discarded real +9% gains half the time in bench/optimizer.py.)
+                # discarded real +9% gains half the time in bench/optimizer.py.) But when
+                # the load moved during the check, a gain it cannot show credibly is not
+                # recommended either: bench/neighbour.py's one false recommendation was a
+                # not-credible check across three load shifts.
                 self.final_rejected = self.incumbent
                 self._inc = dict(self._baseline)
 

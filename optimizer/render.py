@@ -211,8 +211,10 @@ def claim_text(rec: Recommendation) -> str | None:
     if status == "none":
         return "no credible gain found: the original config stays as it is"
     if status == "no-change":
-        seen = f" measured the walk's best {g:+.1%}" if g is not None else ""
-        return f"no change recommended: the final check{seen}, less than min_gain better"
+        return (
+            "no change recommended: the final check did not show the walk's best worth it "
+            "(less than min_gain better, or not credible while the load moved; see the notes)"
+        )
     if g is None:
         return None
     ci = f"95% CI {rec.overall_ci[0]:+.1%}..{rec.overall_ci[1]:+.1%}, " if rec.overall_ci else ""
