@@ -18,6 +18,7 @@ from app.db import Database, utcnow
 from app.models import ACTIVE_STATUSES, Schedule, Target, Trial, TuningSession
 from app.postgres.sandbox import PostgresNotInstalled, Sandbox, SandboxError, free_port
 from app.postgres.target import ConnectError, TargetController, TargetError, mask_dsn
+from app.preflight import PreflightError, check_workload
 from app.schemas import (
     Progress,
     ScheduleIn,
@@ -321,6 +322,13 @@ def create_session(
             raise ServiceError(
                 409, f"target {target.name!r} is busy with session {busy}; wait or cancel it"
             )
+        dsn = target.dsn
+    # Before anything is stored or changed: a script that cannot run is a 422 now, not a
+    # session failing after it started.
+    try:
+        check_workload(dsn, body.workload)
+    except PreflightError as exc:
+        raise ServiceError(422, str(exc)) from exc
     sess = TuningSession(
         target_id=body.target_id,
         schedule_id=schedule_id,
