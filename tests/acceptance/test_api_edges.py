@@ -36,7 +36,8 @@ def sandbox() -> Iterator[Sandbox]:
         with psycopg.connect(sb.dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE lineitem (l_shipdate date, qty int)")
             conn.execute(
-                "INSERT INTO lineitem SELECT date '1998-01-01' + i, i FROM generate_series(1, 500) i"
+                "INSERT INTO lineitem SELECT date '1998-01-01' + i, i "
+                "FROM generate_series(1, 500) i"
             )
             conn.execute("CREATE TABLE secret (a int)")
             # A tuner that may ALTER SYSTEM but not read the table a script needs.
@@ -151,7 +152,8 @@ def test_delete_with_history_is_refused_then_kept_or_dropped(
     cancelled_before = _cancelled_count(api)
     r = api.delete(f"/api/v1/targets/{tid}")
     assert r.status_code == 409
-    assert "?history=keep" in r.json()["detail"] and "?history=drop" in r.json()["detail"]
+    assert "?history=keep" in r.json()["detail"]
+    assert "?history=drop" in r.json()["detail"]
     assert api.get(f"/api/v1/sessions/{sid}").status_code == 200  # nothing lost
 
     assert api.delete(f"/api/v1/targets/{tid}?history=keep").status_code == 204
