@@ -25,7 +25,7 @@ from app.schemas import WorkloadIn
 log = logging.getLogger(__name__)
 
 TRANSACTIONS = 2
-TIMEOUT_S = 60.0  # a heavy report may take a while; past this, the dry run proves nothing
+TIMEOUT_S = 30.0  # a heavy report may take a while; past this, the dry run proves nothing
 _ABORTED = re.compile(r"aborted in command (\d+) query \d+: (.*)")
 _PGBENCH_TABLE = re.compile(
     r'relation "(?:public\.)?pgbench_(?:accounts|branches|tellers|history)"'
