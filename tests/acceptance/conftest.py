@@ -31,9 +31,10 @@ def user_env(**extra: str) -> dict[str, str]:
 
 def destroy_sandboxes_under(root: Path) -> None:
     """Stop and remove managed sandboxes a failed test may have left under ``root``."""
-    for meta in root.glob("**/sandbox.json"):
+    sandboxes = root / ".knobtune" / "sandboxes"
+    for path in sorted(sandboxes.iterdir()) if sandboxes.is_dir() else []:
         with contextlib.suppress(Exception):
-            Sandbox.open(meta.parent).destroy()
+            Sandbox.open(path).destroy()
 
 
 @pytest.fixture

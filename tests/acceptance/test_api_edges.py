@@ -7,8 +7,10 @@ against a real sandbox cluster; pgbench is real (the preflight runs it).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -261,3 +263,30 @@ def test_sessions_without_server_says_where_it_looked(tmp_path: Path) -> None:
     assert f"no metadata DB at {tmp_path.resolve() / 'knobtune.db'}" in res.stderr
     assert "--server" in res.stderr
     assert list(tmp_path.iterdir()) == []  # no knobtune.db made on the way
+
+
+# -- managed sandboxes across restarts ------------------------------------------------------------
+def test_lost_sandbox_is_unregistered_at_start_never_left_idle() -> None:
+    work = Path(tempfile.mkdtemp(prefix="knobtune-lost-"))
+    work.chmod(0o755)
+    settings = Settings(database_url=f"sqlite:///{work / 'meta.db'}", work_dir=work)
+    try:
+        with TestClient(create_app(settings)) as c:
+            kept = c.post("/api/v1/targets", json={"name": "kept", "sandbox": True}).json()
+            lost = c.post("/api/v1/targets", json={"name": "lost", "sandbox": True}).json()
+        # The service stopped: its idle sandboxes are stopped, not removed.
+        kept_root = Path(kept["data_dir"]).parent
+        assert not Sandbox.open(kept_root).is_running()
+        shutil.rmtree(Path(lost["data_dir"]).parent)  # e.g. someone cleaned the disk
+        with TestClient(create_app(settings)) as c:
+            names = [t["name"] for t in c.get("/api/v1/targets").json()]
+            assert names == ["kept"]
+            assert Sandbox.open(kept_root).is_running()  # started again with the service
+            r = c.post("/api/v1/targets", json={"name": "lost", "sandbox": True})
+            assert r.status_code == 201, r.text  # the name is free again
+            for t in c.get("/api/v1/targets").json():
+                assert c.delete(f"/api/v1/targets/{t['id']}").status_code == 204
+    finally:
+        for meta in work.glob("**/sandbox.json"):
+            Sandbox.open(meta.parent).destroy()
+        shutil.rmtree(work, ignore_errors=True)
