@@ -483,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--warmup", type=int, default=2)
     s.add_argument("--clients", type=int, default=4)
     s.add_argument("--scale", type=int, default=10)
-    s.add_argument("--max-trials", type=int, default=12)
+    s.add_argument("--max-trials", type=int, default=10)
     s.add_argument("--seed", type=int, default=1)
     s.set_defaults(func=cmd_demo)
 
