@@ -198,17 +198,6 @@ def test_dashboard_in_chromium(server: Server, tmp_path: Path) -> None:
         )
         page.screenshot(path=str(tmp_path / "index.png"), full_page=True)
         print(f"index screenshot: {tmp_path / 'index.png'}")
-
-        # Remove the target from the dashboard, keeping its history: the target and its
-        # sandbox go, the session stays listed.
-        sandbox_dir = Path(api.get("/api/v1/targets").json()[0]["data_dir"]).parent
-        assert sandbox_dir.exists()
-        page.click("#targets tr.target-row button[value=keep]")
-        page.wait_for_url("**/#targets")
-        assert "sandbox-e2e" not in page.inner_text("#targets")
-        assert page.locator(f"tr.session-row[data-session-id='{sid}']").count() == 1
-        assert api.get(f"/api/v1/sessions/{sid}").json()["status"] == "succeeded"
-        assert not sandbox_dir.exists()
         browser.close()
 
     # The deliberate 422 of the form-error check is the only failed load allowed.
