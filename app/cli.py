@@ -402,7 +402,7 @@ def _find_or_create_target(api: Api, args: argparse.Namespace) -> dict[str, Any]
     return dict(api.call("POST", "/api/v1/targets", json=body))
 
 
-def _existing_metadata_db(args: argparse.Namespace) -> str:
+def _existing_metadata_db(args: argparse.Namespace, missing: str = "") -> str:
     """The in-process metadata DB a read-only command looks at; it must exist already.
 
     Says which DB it is (a bare listing from the wrong directory looked empty) and never
@@ -418,7 +418,7 @@ def _existing_metadata_db(args: argparse.Namespace) -> str:
     db = parsed.database or ""
     if parsed.drivername.startswith("sqlite") and db != ":memory:" and not Path(db).exists():
         raise CliError(
-            f"no metadata DB at {db} (from KNOBTUNE_DATABASE_URL or its default "
+            f"{missing}no metadata DB at {db} (from KNOBTUNE_DATABASE_URL or its default "
             "sqlite:///knobtune.db, relative to the current directory); give --server URL of "
             "a running service, --database-url of the service's DB, or run this where the "
             "service ran"
@@ -446,7 +446,7 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    url = None if args.server else _existing_metadata_db(args)
+    url = None if args.server else _existing_metadata_db(args, f"no session {args.id}: ")
     with connect(args.server, args.token, database_url=url, run_scheduler=False) as api:
         text = api.call("GET", f"/api/v1/sessions/{args.id}/config", params={"format": args.format})
     sys.stdout.write(text if isinstance(text, str) else json.dumps(text, indent=2))
