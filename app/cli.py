@@ -75,6 +75,7 @@ def connect(
     *,
     database_url: str | None = None,
     work_dir: Path | None = None,
+    run_scheduler: bool = True,
 ) -> Iterator[Api]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     if server:
@@ -94,6 +95,8 @@ def connect(
         overrides["database_url"] = database_url
     if work_dir:
         overrides["work_dir"] = work_dir
+    if not run_scheduler:
+        overrides["run_scheduler"] = False  # read-only commands must not start sessions
     settings = Settings(**overrides)
     token = token or (settings.api_token.get_secret_value() if settings.api_token else None)
     if token:
@@ -404,9 +407,42 @@ def _find_or_create_target(api: Api, args: argparse.Namespace) -> dict[str, Any]
     return dict(api.call("POST", "/api/v1/targets", json=body))
 
 
+def _existing_metadata_db(args: argparse.Namespace, missing: str = "") -> str:
+    """The in-process metadata DB a read-only command looks at; it must exist already.
+
+    Says which DB it is (a bare listing from the wrong directory looked empty) and never
+    creates one: SQLite would silently make a new, empty file.
+    """
+    from sqlalchemy.engine import make_url
+
+    from app.settings import absolute_sqlite_url, get_settings
+
+    url = absolute_sqlite_url(args.database_url or get_settings().database_url)
+    parsed = make_url(url)
+    shown = parsed.render_as_string(hide_password=True)
+    db = parsed.database or ""
+    if parsed.drivername.startswith("sqlite") and db != ":memory:" and not Path(db).exists():
+        raise CliError(
+            f"{missing}no metadata DB at {db} (from KNOBTUNE_DATABASE_URL or its default "
+            "sqlite:///knobtune.db, relative to the current directory); give --server URL of "
+            "a running service, --database-url of the service's DB, or run this where the "
+            "service ran"
+        )
+    print(f"metadata DB: {shown}", file=sys.stderr)
+    return url
+
+
 def cmd_sessions(args: argparse.Namespace) -> int:
-    with connect(args.server, args.token, database_url=args.database_url) as api:
+    url = None if args.server else _existing_metadata_db(args)
+    with connect(args.server, args.token, database_url=url, run_scheduler=False) as api:
         rows = api.call("GET", "/api/v1/sessions", params={"limit": args.limit})
+    if not rows:
+        where = args.server or "this metadata DB"
+        print(
+            f"no sessions in {where}; start one with 'knobtune tune --dsn ...' or "
+            "POST /api/v1/sessions",
+            file=sys.stderr,
+        )
     for s in rows:
         gain = f"{s['gain'] * 100:+.1f}%" if s["gain"] is not None else "-"
         if s.get("gain_status") == "unconfirmed":
@@ -417,7 +453,8 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    with connect(args.server, args.token, database_url=args.database_url) as api:
+    url = None if args.server else _existing_metadata_db(args, f"no session {args.id}: ")
+    with connect(args.server, args.token, database_url=url, run_scheduler=False) as api:
         text = api.call("GET", f"/api/v1/sessions/{args.id}/config", params={"format": args.format})
     sys.stdout.write(text if isinstance(text, str) else json.dumps(text, indent=2))
     return 0

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import func, select, text
@@ -16,12 +20,23 @@ from app import db as dbmod
 from app.api.routes import router
 from app.models import Trial, TuningSession
 from app.scheduler import Scheduler
-from app.service import ServiceError, start_sandboxes
+from app.service import ServiceError, start_sandboxes, stop_sandboxes
 from app.settings import Settings, get_settings
 from app.web.routes import RenderedPages
 from app.web.routes import router as web_router
 
 log = logging.getLogger(__name__)
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` encoded for JSON, with non-finite floats as their names ("inf", "nan")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return jsonable_encoder(value)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -43,6 +58,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             if app.state.scheduler is not None:
                 app.state.scheduler.shutdown()
+                # Managed sandboxes live with the service: started again at its next start.
+                stop_sandboxes(db, settings.work_dir)
             db.dispose()
 
     # FastAPIOffline serves /docs from assets bundled in its package: no CDN, so the API
@@ -59,6 +76,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(ServiceError)
     def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
         return JSONResponse(status_code=exc.status, content={"detail": exc.message})
+
+    @app.exception_handler(RequestValidationError)
+    def _invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes the input, and JSON has no inf or NaN: a body
+        # with 1e400 or NaN made the error itself fail to encode (a 500, not a 422).
+        return JSONResponse(status_code=422, content={"detail": _json_safe(exc.errors())})
 
     @app.exception_handler(OperationalError)
     def _metadata_db_down(_request: Request, exc: OperationalError) -> JSONResponse:

@@ -11,7 +11,7 @@ Builtin = Literal["tpcb-like", "simple-update", "select-only"]
 
 
 class TargetIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\- ]+$")
     dsn: str | None = Field(
@@ -59,10 +59,11 @@ class TargetOut(BaseModel):
     server_version: str | None
     busy_session_id: int | None
     created_at: datetime
+    retired_at: datetime | None = None  # set: kept only for its sessions' history
 
 
 class ScriptIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     sql: str = Field(max_length=100_000)
     weight: int = Field(default=1, ge=1, le=1000)
@@ -76,7 +77,7 @@ class ScriptIn(BaseModel):
 
 
 class WorkloadIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     builtin: Builtin | None = "tpcb-like"
     builtin_weight: int = Field(default=1, ge=1, le=1000)
@@ -87,7 +88,9 @@ class WorkloadIn(BaseModel):
     jobs: int = Field(default=2, ge=1, le=1000)
     duration_s: int = Field(default=60, ge=1, le=86_400)
     warmup_s: int = Field(default=5, ge=0, le=3600)
-    protocol: Literal["simple", "extended", "prepared"] = "prepared"
+    # pgbench's own default: untyped parameters (`date '1998-12-01' - :d`) work as they
+    # do under plain pgbench; "prepared" is faster but an explicit choice.
+    protocol: Literal["simple", "extended", "prepared"] = "simple"
     rate: float | None = Field(default=None, gt=0, description="Target tps (pgbench -R).")
 
     @model_validator(mode="after")
@@ -107,7 +110,7 @@ class WorkloadIn(BaseModel):
 class KnobIn(BaseModel):
     """A knob to tune, optionally with narrower bounds (PostgreSQL syntax, e.g. '64MB')."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=100)
     min: str | None = Field(default=None, max_length=100)
@@ -115,7 +118,7 @@ class KnobIn(BaseModel):
 
 
 class SessionIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     target_id: int
     knobs: list[str | KnobIn] | None = Field(
@@ -217,7 +220,7 @@ class TrialOut(BaseModel):
 
 
 class ScheduleIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     cron: str | None = Field(
         default=None, max_length=100, description="Crontab line, e.g. '0 2 * * sun' (UTC)."

@@ -9,15 +9,16 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 
 from app.db import Database, utcnow
 from app.models import ACTIVE_STATUSES, Schedule, Target, Trial, TuningSession
-from app.postgres.sandbox import PostgresNotInstalled, Sandbox, SandboxError
+from app.postgres.sandbox import PostgresNotInstalled, Sandbox, SandboxError, free_port
 from app.postgres.target import ConnectError, TargetController, TargetError, mask_dsn
+from app.preflight import PreflightError, check_workload
 from app.schemas import (
     Progress,
     ScheduleIn,
@@ -119,6 +120,8 @@ def create_target(db: Database, settings: Settings, body: TargetIn) -> Target:
         )
         with db.session() as s:
             s.add(target)
+        if sandbox is not None:
+            sandbox.keep()  # the service starts and stops it from now on
         return target
     except ConnectError as exc:
         _drop_sandbox(sandbox)
@@ -171,55 +174,138 @@ def target_out(db: Database, target: Target) -> TargetOut:
         server_version=(target.probe or {}).get("version"),
         busy_session_id=busy,
         created_at=target.created_at,
+        retired_at=target.retired_at,
     )
 
 
-def list_targets(db: Database) -> list[Target]:
+def list_targets(db: Database, *, include_retired: bool = False) -> list[Target]:
+    """Targets one may use; retired ones (kept for their sessions' history) on request."""
     with db.session() as s:
-        return list(s.scalars(select(Target).order_by(Target.id)).all())
+        q = select(Target).order_by(Target.id)
+        if not include_retired:
+            q = q.where(Target.retired_at.is_(None))
+        return list(s.scalars(q).all())
 
 
-def delete_target(db: Database, target_id: int) -> None:
+HistoryChoice = Literal["keep", "drop"]
+
+
+def delete_target(db: Database, target_id: int, history: HistoryChoice | None = None) -> None:
+    """Delete a target; one with sessions needs ``history``: keep them (retire) or drop them.
+
+    Never loses tuning history silently: without a choice, a target with sessions is
+    refused (409) with both ways out. Retiring hides the target from lists and forms,
+    frees its name, and stops and removes a managed sandbox; its sessions stay visible.
+    """
     with db.session() as s:
         t = s.get(Target, _id(target_id))
-        if t is None:
-            raise ServiceError(404, f"no target {target_id}")
+        if t is None or t.retired_at is not None:
+            raise ServiceError(404, f"no target {target_id}; GET /api/v1/targets lists them")
         busy = _busy_session(s, target_id)
         if busy is not None:
             raise ServiceError(
                 409, f"target {target_id} is busy with session {busy}; cancel it first"
             )
-        # Finished sessions keep their history: detach them by deleting them
-        # only when the user deletes the target.
-        for sess in s.scalars(
-            select(TuningSession).where(TuningSession.target_id == _id(target_id))
-        ):
-            s.delete(sess)
+        sessions = list(
+            s.scalars(select(TuningSession).where(TuningSession.target_id == _id(target_id)))
+        )
+        if sessions and history is None:
+            raise ServiceError(
+                409,
+                f"target {target_id} has {len(sessions)} session(s) of tuning history: "
+                f"DELETE /api/v1/targets/{target_id}?history=keep retires the target and "
+                f"keeps its sessions and trials; ?history=drop deletes them with the target",
+            )
         sandbox_dir = t.sandbox_dir
-        s.delete(t)
+        if sessions and history == "keep":
+            t.retired_at = utcnow()
+            # The name is free for a new target; the suffix keeps it unique and readable.
+            t.name = f"{t.name[:180]} (retired #{t.id})"
+            t.sandbox_dir = None
+        else:
+            for sess in sessions:
+                s.delete(sess)
+            s.flush()  # sessions (and their trials) before the row they point to
+            s.delete(t)
+        # A retired target must not be tuned again by a recurring schedule either.
+        s.execute(delete(Schedule).where(Schedule.target_id == t.id))
     if sandbox_dir:
-        try:
-            Sandbox.open(Path(sandbox_dir)).destroy()
-        except Exception:
-            log.warning("could not stop sandbox %s cleanly; removing its files", sandbox_dir)
-            shutil.rmtree(sandbox_dir, ignore_errors=True)
+        _destroy_sandbox_dir(Path(sandbox_dir))
+
+
+def _destroy_sandbox_dir(root: Path) -> None:
+    try:
+        Sandbox.open(root).destroy()
+    except Exception:
+        log.warning("could not stop sandbox %s cleanly; removing its files", root)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def start_sandboxes(db: Database) -> None:
-    """Managed sandboxes do not survive a reboot of the service's host: start them again."""
+    """Start the managed sandboxes again with the service, or unregister the lost ones.
+
+    A sandbox whose files are gone, or that will not start, is retired (or deleted when it
+    has no history): a target listed as idle that nothing can connect to is never left.
+    """
     for t in list_targets(db):
-        if t.sandbox_dir and Path(t.sandbox_dir).exists():
+        if not t.sandbox_dir:
+            continue
+        root = Path(t.sandbox_dir)
+        try:
+            sb = Sandbox.open(root)
             try:
-                sb = Sandbox.open(Path(t.sandbox_dir))
-                if not sb.is_running():
-                    sb.start()
+                sb.start()
+            except SandboxError:
+                if "could not bind" not in sb.log_tail(50):
+                    raise
+                # Someone took its port while the service was down: move it.
+                sb.move_to(free_port())
+                sb.start()
+                with db.session() as s:
+                    row = s.get(Target, t.id)
+                    if row is not None:
+                        row.dsn, row.restart_command = sb.dsn, sb.restart_command
+            continue
+        except Exception as exc:
+            reason = " ".join(str(exc).split())[:500]
+        log.warning("sandbox of target %s (%s) cannot start: %s", t.name, root, reason)
+        try:
+            delete_target(db, t.id, "keep")
+        except ServiceError as exc:
+            # A session holds it: that session fails on its own, then the target can go.
+            log.warning("target %s stays registered: %s", t.name, exc)
+
+
+def stop_sandboxes(db: Database, work_dir: Path) -> None:
+    """At shutdown: stop the idle managed sandboxes under this service's work_dir.
+
+    Their files stay; start_sandboxes() starts them at the next start. A target with an
+    active session keeps running: a runner thread may still be measuring on it, and the
+    session resumes on it after the restart.
+    """
+    with db.session() as s:
+        busy = set(
+            s.scalars(
+                select(TuningSession.target_id).where(TuningSession.status.in_(ACTIVE_STATUSES))
+            )
+        )
+    for t in list_targets(db):
+        if t.id in busy:
+            continue
+        if t.sandbox_dir and Path(t.sandbox_dir).is_relative_to(work_dir):
+            try:
+                Sandbox.open(Path(t.sandbox_dir)).stop()
             except Exception:
-                log.warning("could not start sandbox of target %s", t.name, exc_info=True)
+                log.warning("could not stop sandbox of target %s", t.name, exc_info=True)
 
 
 # -- sessions -------------------------------------------------------------------------
 def validate_session(target: Target, body: SessionIn) -> None:
     """Raise ServiceError(422) when the request cannot run on this target."""
+    if target.retired_at is not None:
+        raise ServiceError(
+            422, f"target {target.id} is retired (kept for its history); register the server again"
+        )
     rows = rows_from_json((target.probe or {}).get("rows", {}))
     try:
         hw = hardware_from(target.ram_bytes, target.cpus)
@@ -244,6 +330,13 @@ def create_session(
             raise ServiceError(
                 409, f"target {target.name!r} is busy with session {busy}; wait or cancel it"
             )
+        dsn = target.dsn
+    # Before anything is stored or changed: a script that cannot run is a 422 now, not a
+    # session failing after it started.
+    try:
+        check_workload(dsn, body.workload)
+    except PreflightError as exc:
+        raise ServiceError(422, str(exc)) from exc
     sess = TuningSession(
         target_id=body.target_id,
         schedule_id=schedule_id,

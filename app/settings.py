@@ -8,8 +8,10 @@ import uuid
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 
 class Settings(BaseSettings):
@@ -47,6 +49,37 @@ class Settings(BaseSettings):
     )
     target_retry_s: float = Field(
         default=60.0, ge=0, description="How long a session waits for a target that went down."
+    )
+
+    # Paths are resolved once, here: pgbench runs with its run directory as its cwd and
+    # the service may be started from anywhere, so nothing later may depend on the cwd.
+    @field_validator("work_dir")
+    @classmethod
+    def _absolute_work_dir(cls, v: Path) -> Path:
+        return v.expanduser().resolve()
+
+    @field_validator("database_url")
+    @classmethod
+    def _absolute_sqlite_path(cls, v: str) -> str:
+        return absolute_sqlite_url(v)
+
+
+def absolute_sqlite_url(url: str) -> str:
+    """``url`` with a relative SQLite file path made absolute against the current directory."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ValueError(
+            f"not a SQLAlchemy URL: {exc}; e.g. sqlite:////var/lib/knobtune/knobtune.db "
+            "or postgresql+psycopg://user:pass@host/db"
+        ) from None
+    db = parsed.database
+    if not parsed.drivername.startswith("sqlite") or not db or db == ":memory:":
+        return url
+    if db.startswith("file:") or Path(db).is_absolute():
+        return url
+    return parsed.set(database=str(Path(db).expanduser().resolve())).render_as_string(
+        hide_password=False
     )
 
 

@@ -45,8 +45,20 @@ def get_target(target_id: int, db: DB) -> TargetOut:
 
 
 @router.delete("/targets/{target_id}", status_code=204)
-def delete_target(target_id: int, db: DB) -> Response:
-    service.delete_target(db, target_id)
+def delete_target(
+    target_id: int,
+    db: DB,
+    sched: Sched,
+    history: Literal["keep", "drop"] | None = Query(
+        default=None,
+        description="For a target with sessions: 'keep' retires it (hidden from lists, its "
+        "sessions and trials stay), 'drop' deletes them with it. Without it such a target "
+        "gets 409.",
+    ),
+) -> Response:
+    service.delete_target(db, target_id, history)
+    if sched is not None:
+        sched.sync_schedules()  # its schedules went with it
     return Response(status_code=204)
 
 

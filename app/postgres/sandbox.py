@@ -204,6 +204,18 @@ def _cleanup() -> None:
     _templates.clear()
 
 
+def _sandbox_settings(data_dir: Path) -> dict[str, str]:
+    """The extra settings create() wrote into knobtune_sandbox.conf (port etc. excluded)."""
+    own = {"port", "listen_addresses", "unix_socket_directories"}
+    out: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in (data_dir / "knobtune_sandbox.conf").read_text().splitlines():
+            m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_.]*) = '((?:[^']|'')*)'", line.strip())
+            if m and m.group(1) not in own:
+                out[m.group(1)] = m.group(2).replace("''", "'").replace("\\\\", "\\")
+    return out
+
+
 class Sandbox:
     """A local cluster in its own directory: ``data/``, ``sock/``, ``server.log``, ``sandbox.json``.
 
@@ -376,9 +388,26 @@ class Sandbox:
         return shlex.join(argv)
 
     # -- lifecycle ---------------------------------------------------------------
+    def keep(self) -> None:
+        """Outlive this process: the caller (the service) now owns the cluster's lifecycle.
+
+        Without this, the exit handler destroys the cluster when the process ends, even
+        on a clean SIGTERM, and a service started again finds its sandbox gone.
+        """
+        _live.discard(self)
+
+    def move_to(self, port: int) -> None:
+        """Listen on another port from the next start (the old one was taken meanwhile)."""
+        self.port = port
+        self._write_conf(_sandbox_settings(self.data_dir))
+
     def start(self) -> None:
         if self.is_running():
             return
+        if not self.socket_dir.exists():
+            # A socket directory under /tmp does not survive a reboot of the host.
+            self.socket_dir.mkdir(parents=True)
+            os.chown(self.socket_dir, *_owner_ids())
         res = _run(
             self._pg_ctl(
                 "start", "-w", "-s", "-t", str(_PG_CTL_TIMEOUT_S), "-l", str(self.log_path)

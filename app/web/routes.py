@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 
 from app import service
-from app.api.deps import DB, TOKEN_COOKIE, AppSettings, is_authorized, token_ok
+from app.api.deps import DB, TOKEN_COOKIE, AppSettings, Sched, is_authorized, token_ok
 from app.chart import final_label, points_of, readable, render_svg
 from app.db import Database
 from app.models import ACTIVE_STATUSES, Trial, TuningSession
@@ -245,7 +245,8 @@ def _index(
         form["target_id"] = request.query_params["target_id"]
     ctx = {
         **_sessions_ctx(db),
-        "target_names": {t.id: t.name for t in targets},
+        # Retired targets' sessions stay listed: their names too.
+        "target_names": {t.id: t.name for t in service.list_targets(db, include_retired=True)},
         "targets": [
             {
                 "id": t.id,
@@ -273,7 +274,7 @@ def index(request: Request, db: DB) -> HTMLResponse:
 
 @page.get("/partials/sessions", response_class=HTMLResponse)
 def sessions_partial(request: Request, db: DB) -> HTMLResponse:
-    names = {t.id: t.name for t in service.list_targets(db)}
+    names = {t.id: t.name for t in service.list_targets(db, include_retired=True)}
     return _page(request, "_sessions.html", {**_sessions_ctx(db), "target_names": names})
 
 
@@ -340,6 +341,22 @@ def register_target(request: Request, db: DB, settings: AppSettings, form: Form)
     else:
         return RedirectResponse(f"/?target_id={target.id}#new-session", status_code=303)
     return _index(request, db, target_form=form, target_error=message, status=422)
+
+
+@post.post("/targets/{target_id}/delete")
+def delete_target(target_id: int, request: Request, db: DB, sched: Sched, form: Form) -> Response:
+    """The dashboard's remove buttons: keep the target's history (retire) or drop it."""
+    choice = form.get("history")
+    history: service.HistoryChoice | None = (
+        "keep" if choice == "keep" else "drop" if choice == "drop" else None
+    )
+    try:
+        service.delete_target(db, target_id, history)
+    except service.ServiceError as exc:
+        return _index(request, db, target_error=exc.message, status=exc.status)
+    if sched is not None:
+        sched.sync_schedules()
+    return RedirectResponse("/#targets", status_code=303)
 
 
 # -- one session ------------------------------------------------------------------------

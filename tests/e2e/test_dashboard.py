@@ -93,7 +93,7 @@ def server(tmp_path: Path, work_dir: Path) -> Iterator[Server]:
         yield srv
         # Deleting the target stops and removes its managed sandbox cluster.
         for t in httpx.get(f"{srv.url}/api/v1/targets", timeout=10).json():
-            httpx.delete(f"{srv.url}/api/v1/targets/{t['id']}", timeout=60)
+            httpx.delete(f"{srv.url}/api/v1/targets/{t['id']}?history=drop", timeout=60)
 
 
 @pytest.mark.slow

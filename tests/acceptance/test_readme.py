@@ -1,0 +1,76 @@
+"""README's REST walkthrough, run from README itself, as a new user would run it.
+
+The block under the walkthrough marker is executed by bash as it stands, with two
+substitutions only: a free port for 8000 (tests run side by side) and the absolute path
+of this virtualenv for `.venv/bin/` (the directory is fresh, not the checkout). No
+KNOBTUNE_* variable is set: README shows none, so the defaults are what is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+from app.postgres.sandbox import free_port
+from tests.acceptance.conftest import BIN, user_env
+from tests.helpers import ROOT
+
+MARKER = "<!-- walkthrough: run as-is by tests/acceptance/test_readme.py -->"
+
+
+def walkthrough() -> str:
+    readme = (ROOT / "README.md").read_text()
+    assert MARKER in readme, "README lost its walkthrough marker"
+    m = re.match(r"\s*```sh\n(.*?)\n```", readme.split(MARKER, 1)[1], flags=re.S)
+    assert m is not None, "no ```sh block right after the walkthrough marker"
+    return m.group(1)
+
+
+def test_readme_rest_walkthrough_in_a_fresh_directory(user_dir: Path) -> None:
+    block = walkthrough()
+    port = free_port()
+    script = block.replace("localhost:8000", f"localhost:{port}").replace(
+        "--port 8000", f"--port {port}"
+    )
+    script = script.replace(".venv/bin/", f"{BIN}/")
+    assert "8000" not in script
+    assert f"{BIN}/knobtune serve" in script
+    (user_dir / "walkthrough.sh").write_text(script + "\n")
+    proc = subprocess.Popen(
+        ["bash", "-e", "-o", "pipefail", "walkthrough.sh"],
+        cwd=user_dir,
+        env=user_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=540)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-4000:]
+
+    # The session finished, through the final step, on the defaults.
+    conf = (user_dir / "postgresql.conf").read_text()
+    assert conf.startswith("# knobtune recommendation"), conf
+    doc = json.loads((user_dir / "knobtune.json").read_text())
+    assert doc["header"]["status"] == "succeeded", doc["header"]
+    assert "work_mem" in doc["original"]
+    assert (user_dir / "knobtune.sql").read_text().startswith("--")
+    # curl prints no newline after a body: find the trials array in the output stream.
+    start = out.index('[{"index":1,')
+    trials, _ = json.JSONDecoder().raw_decode(out, start)
+    assert [t["index"] for t in trials] == list(range(1, len(trials) + 1))
+    assert trials[0]["role"] == "baseline"
+    assert not any(t["error"] for t in trials)
+    # Everything lives where README says: the directory the service started in.
+    assert (user_dir / "knobtune.db").exists()
+    assert (user_dir / ".knobtune").is_dir()
+    assert not list((user_dir / ".knobtune" / "sandboxes").iterdir())  # removed by DELETE

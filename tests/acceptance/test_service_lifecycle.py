@@ -1,0 +1,105 @@
+"""The service as users run it, over restarts and crashes, on its default settings.
+
+`knobtune serve` starts in a fresh directory with no KNOBTUNE_* variable: the metadata DB
+and work files land there (relative defaults, resolved once at start-up).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.acceptance.conftest import UserService, wait_session
+from tests.helpers import file_settings
+
+QUICK = {
+    "builtin": "tpcb-like",
+    "scale": 1,
+    "clients": 2,
+    "jobs": 1,
+    "duration_s": 3,
+    "warmup_s": 1,
+}
+
+
+def _session(api: httpx.Client, target_id: int, **extra: Any) -> int:
+    body = {"target_id": target_id, "knobs": ["work_mem"], "max_trials": 12, "workload": QUICK}
+    r = api.post("/api/v1/sessions", json={**body, **extra})
+    assert r.status_code == 202, r.text
+    return int(r.json()["id"])
+
+
+def _trial_indexes(api: httpx.Client, sid: int) -> list[int]:
+    return [t["index"] for t in api.get(f"/api/v1/sessions/{sid}/trials").json()]
+
+
+def test_sandbox_target_survives_a_service_restart(user_dir: Path) -> None:
+    svc = UserService(user_dir)
+    svc.start()
+    try:
+        api = httpx.Client(base_url=svc.url, timeout=60)
+        r = api.post("/api/v1/targets", json={"name": "try-me", "sandbox": True})
+        assert r.status_code == 201, r.text
+        tid = r.json()["id"]
+        first = wait_session(api, _session(api, tid), {"succeeded", "failed", "cancelled"})
+        assert first["status"] == "succeeded", first
+
+        svc.stop()  # SIGTERM, as Ctrl-C or systemd would
+        svc.start()
+        api = httpx.Client(base_url=svc.url, timeout=60)
+        listed = [t for t in api.get("/api/v1/targets").json() if t["id"] == tid]
+        assert listed, "the sandbox target vanished from the list"
+        sid = _session(api, tid)
+        second = wait_session(api, sid, {"succeeded", "failed", "cancelled"})
+        assert second["status"] == "succeeded", second
+        assert second["error"] is None
+        assert _trial_indexes(api, sid)[:2] == [1, 2]
+
+        sandbox_dirs = list((user_dir / ".knobtune" / "sandboxes").iterdir())
+        assert len(sandbox_dirs) == 1
+        assert api.delete(f"/api/v1/targets/{tid}?history=drop").status_code == 204
+        assert not sandbox_dirs[0].exists()
+    finally:
+        svc.stop()
+
+
+def test_sigkill_mid_benchmark_on_default_settings(user_dir: Path) -> None:
+    svc = UserService(user_dir)
+    svc.start()
+    try:
+        api = httpx.Client(base_url=svc.url, timeout=60)
+        r = api.post("/api/v1/targets", json={"name": "crash", "sandbox": True})
+        assert r.status_code == 201, r.text
+        target = r.json()
+        before = file_settings(target["dsn"])  # a sandbox DSN carries no password
+        sid = _session(api, target["id"], seed=3, workload={**QUICK, "duration_s": 4})
+        # Kill while the third or a later trial's benchmark is producing samples.
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            s = api.get(f"/api/v1/sessions/{sid}").json()
+            if s["status"] in ("succeeded", "failed", "cancelled") or (
+                s["progress"]["trials_done"] >= 2
+                and s["live_tps"]
+                and s["phase"].startswith(("measuring", "re-"))
+            ):
+                break
+            time.sleep(0.3)
+        assert s["status"] == "running", s
+        done_before = s["progress"]["trials_done"]
+        svc.kill()
+
+        svc.start()  # same directory, same defaults: it must find and resume the session
+        api = httpx.Client(base_url=svc.url, timeout=60)
+        final = wait_session(api, sid, {"succeeded", "failed", "cancelled"}, timeout=500)
+        assert final["status"] == "succeeded", final
+        assert final["attempts"] == 2
+        indexes = _trial_indexes(api, sid)
+        assert indexes == list(range(1, len(indexes) + 1))  # none lost, none twice
+        assert len(indexes) > done_before
+        assert file_settings(target["dsn"]) == before  # restored at the end
+        assert api.delete(f"/api/v1/targets/{target['id']}?history=drop").status_code == 204
+    finally:
+        svc.stop()
