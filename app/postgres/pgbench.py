@@ -72,6 +72,7 @@ class BenchSpec:
     rate: float | None = None  # target tps (-R)
     builtin_weight: int = 1
     log_sampling: float | None = None  # fraction of transactions logged; None: automatic
+    connect_per_transaction: bool = False  # -C: a new connection for every transaction
 
     def validate(self) -> None:
         """Raise ValueError naming what to change."""
@@ -446,6 +447,8 @@ def build_command(
         argv.append(f"--sampling-rate={rate:g}")
     if spec.rate is not None:
         argv += ["-R", f"{spec.rate:g}"]
+    if spec.connect_per_transaction:
+        argv.append("-C")
     if spec.builtin is not None:
         argv += ["-b", f"{spec.builtin}@{spec.builtin_weight}"]
     for path, weight in script_paths:
