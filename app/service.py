@@ -236,6 +236,13 @@ def create_session(
             raise ServiceError(
                 409, f"target {target.name!r} is busy with session {busy}; wait or cancel it"
             )
+        from app.sweep import busy_sweep  # a sweep holds its target like a session
+
+        sweeping = busy_sweep(s, target.id)
+        if sweeping is not None:
+            raise ServiceError(
+                409, f"target {target.name!r} is busy with sweep {sweeping}; wait or cancel it"
+            )
     sess = TuningSession(
         target_id=body.target_id,
         schedule_id=schedule_id,

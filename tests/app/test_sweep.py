@@ -1,0 +1,174 @@
+"""Client sweeps on a real sandbox with real pgbench (3 s runs, clients 1..16).
+
+Two sweeps measure (tpcb-like through the REST API, select-only directly), about
+50 s each on a 2-core machine; the rest reuses them or stops at once.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.postgres.sandbox import Sandbox
+from app.schemas import SweepIn
+from app.sweep import cpu_share, cpu_times, cpu_visibility, measure
+
+COUNTS = [1, 2, 4, 8, 16]
+QUICK: dict[str, Any] = {
+    "scale": 1,
+    "clients": COUNTS,
+    "duration_s": 3,
+    "warmup_s": 1,
+    "repeats": 2,
+    "jobs": 2,
+}
+
+
+def wait_sweep(client: TestClient, sid: int, timeout: float = 240) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        body = client.get(f"/api/v1/sweeps/{sid}").json()
+        if body["status"] in ("succeeded", "failed", "cancelled"):
+            return body
+        time.sleep(0.5)
+    raise AssertionError(f"sweep {sid} did not finish: {body}")
+
+
+@pytest.fixture(scope="module")
+def target_id(client: TestClient, sandbox: Sandbox) -> int:
+    r = client.post("/api/v1/targets", json={"name": "sweep-sb", "dsn": sandbox.dsn})
+    assert r.status_code == 201, r.text
+    return int(r.json()["id"])
+
+
+@pytest.fixture(scope="module")
+def tpcb_sweep(client: TestClient, target_id: int) -> dict[str, Any]:
+    r = client.post(f"/api/v1/targets/{target_id}/sweeps", json={**QUICK, "builtin": "tpcb-like"})
+    assert r.status_code == 202, r.text
+    assert r.headers["Location"] == f"/api/v1/sweeps/{r.json()['id']}"
+    sid = int(r.json()["id"])
+    # one sweep or session at a time per target
+    again = client.post(f"/api/v1/targets/{target_id}/sweeps", json=QUICK)
+    assert again.status_code == 409
+    assert f"busy with sweep {sid}" in again.json()["detail"]
+    sess = client.post("/api/v1/sessions", json={"target_id": target_id, "knobs": ["work_mem"]})
+    assert sess.status_code == 409
+    assert f"busy with sweep {sid}" in sess.json()["detail"]
+    done = wait_sweep(client, sid)
+    assert done["status"] == "succeeded", done
+    return done
+
+
+def test_tpcb_sweep_finds_a_knee_below_the_cap(tpcb_sweep: dict[str, Any]) -> None:
+    sw = tpcb_sweep
+    assert [p["clients"] for p in sw["points"]] == COUNTS
+    assert sw["runs_done"] == sw["runs_planned"] == 2 * len(COUNTS)
+    # up then down: drift shifts every count alike
+    assert [r["clients"] for r in sw["runs"]] == COUNTS + COUNTS[::-1]
+    for p in sw["points"]:
+        assert p["runs"] == 2
+        assert p["tps"] > 0
+        assert p["latency_p99_ms"] >= p["latency_p95_ms"] > 0
+        assert p["failed_transactions"] == 0
+    assert sw["knee_clients"] in COUNTS
+    assert sw["knee_clients"] < COUNTS[-1]
+    assert sw["best_tps"] >= sw["knee_tps"] > 0
+    assert sw["pool_size"] == sw["knee_clients"]
+    # local target: CPU utilisation sampled for every run
+    assert sw["cpu_visible"] is True
+    for r in sw["runs"]:
+        assert 0 < r["cpu"]["util"] <= 1, r
+        assert 0 <= r["cpu"]["iowait"] <= 1
+    # -C at the knee costs throughput (a fork and authentication per transaction)
+    cost = sw["connection_cost"]
+    assert cost["clients"] == sw["knee_clients"]
+    assert cost["tps_new_connection"] < cost["tps_persistent"]
+    assert any("pgbench -C" in line for line in sw["advice"])
+    # the sandbox's max_connections (100) is far above a knee of <= 8 on this machine
+    assert sw["max_connections"] >= 4 * sw["knee_clients"]
+    assert any("max_connections" in w for w in sw["warnings"])
+
+
+def test_sweep_chart_and_listing(
+    client: TestClient, tpcb_sweep: dict[str, Any], target_id: int
+) -> None:
+    r = client.get(f"/api/v1/sweeps/{tpcb_sweep['id']}/chart.svg")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("image/svg+xml")
+    assert r.text.count('class="sweep-tps"') == len(COUNTS)
+    assert r.text.count('class="sweep-p99"') == len(COUNTS)
+    assert f"knee {tpcb_sweep['knee_clients']}" in r.text
+    listed = client.get("/api/v1/sweeps", params={"target_id": target_id}).json()
+    assert tpcb_sweep["id"] in [x["id"] for x in listed]
+
+
+def test_select_only_sweep_finds_a_knee_below_the_cap(sandbox: Sandbox, tmp_path: Path) -> None:
+    body = SweepIn(builtin="select-only", connect_cost=False, **QUICK)
+    seen: list[dict[str, Any]] = []
+    res = measure(sandbox.dsn, body, on_run=seen.append, workdir=tmp_path)
+    assert len(seen) == 2 * len(COUNTS)
+    assert [p["clients"] for p in res["points"]] == COUNTS
+    assert res["knee_clients"] < COUNTS[-1]
+    knee = next(p for p in res["points"] if p["clients"] == res["knee_clients"])
+    one = res["points"][0]
+    # more than one client does more reads per second on a 2-core host
+    assert res["best_tps"] > one["tps"]
+    assert knee["within_best"]
+    assert res["connection_cost"] is None
+    assert all(p["cpu_util"] is not None for p in res["points"])
+    assert res["wall_s"] > 0
+
+
+def test_cpu_is_not_visible_for_a_remote_target_and_says_why() -> None:
+    visible, why = cpu_visibility("host=db.example.com port=5432 user=app dbname=app")
+    assert not visible
+    assert "db.example.com" in why
+    assert "not on this host" in why
+    visible, _ = cpu_visibility("host=127.0.0.1 port=5432 user=postgres")
+    assert visible
+    visible, _ = cpu_visibility("host=/tmp port=5432")
+    assert visible
+    # /proc/stat deltas are fractions of the CPU time that passed
+    a = cpu_times()
+    assert a is not None
+    busy = time.monotonic() + 0.2
+    while time.monotonic() < busy:
+        pass
+    share = cpu_share(a, cpu_times())
+    assert 0 < share["util"] <= 1
+    assert cpu_share(a, None) == {}
+
+
+def test_bad_sweeps_are_refused_with_what_to_change(client: TestClient, target_id: int) -> None:
+    r = client.post(f"/api/v1/targets/{target_id}/sweeps", json={"duration_s": 3, "warmup_s": 3})
+    assert r.status_code == 422
+    assert "warmup_s" in r.text
+    r = client.post(f"/api/v1/targets/{target_id}/sweeps", json={"clients": [1, 5000]})
+    assert r.status_code == 422
+    assert "exceed what the server allows" in r.json()["detail"]
+    r = client.post("/api/v1/targets/999999/sweeps", json={})
+    assert r.status_code == 404
+    assert client.get("/api/v1/sweeps/999999").status_code == 404
+
+
+def test_cancel_stops_a_sweep_at_once(
+    client: TestClient, target_id: int, tpcb_sweep: dict[str, Any]
+) -> None:
+    r = client.post(
+        f"/api/v1/targets/{target_id}/sweeps",
+        json={**QUICK, "builtin": "select-only", "duration_s": 30, "init": False},
+    )
+    assert r.status_code == 202, r.text
+    sid = r.json()["id"]
+    c = client.post(f"/api/v1/sweeps/{sid}/cancel")
+    assert c.status_code == 202
+    t0 = time.monotonic()
+    done = wait_sweep(client, sid, timeout=60)
+    assert done["status"] == "cancelled"
+    assert time.monotonic() - t0 < 30  # well before one 30 s run would have ended
+    assert client.post(f"/api/v1/sweeps/{sid}/cancel").status_code == 409
