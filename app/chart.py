@@ -175,7 +175,8 @@ def render_sweep_svg(
 
     def x(clients: int) -> float:
         span = x_hi - x_lo
-        return left + (0.5 if span == 0 else (math.log2(clients) - x_lo) / span) * w
+        # 4% padding each side: the first and last points stay clear of the axes
+        return left + (0.5 if span == 0 else 0.04 + 0.92 * (math.log2(clients) - x_lo) / span) * w
 
     def y(v: float) -> float:
         return top + h - v / hi * h

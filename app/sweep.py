@@ -339,6 +339,7 @@ def measure(
             "after": round(os.getloadavg()[0], 2) if local else None,
         },
         "wall_s": round(time.monotonic() - t0, 1),
+        "runs": runs,
     }
 
 
@@ -555,7 +556,8 @@ class SweepJob:
             )
         beat = threading.Thread(target=self._beat, name=f"sweep-{self.sweep_id}", daemon=True)
         beat.start()
-        workdir = Path(self.settings.work_dir) / "sweeps" / str(self.sweep_id)
+        # absolute: pgbench runs inside its run directory and is given log paths under it
+        workdir = (Path(self.settings.work_dir) / "sweeps" / str(self.sweep_id)).resolve()
         try:
             result = measure(
                 dsn,
@@ -580,8 +582,15 @@ class SweepJob:
             with contextlib.suppress(OSError):
                 workdir.rmdir()
         status = "cancelled" if result["stopped"] else "succeeded"
+        error = None
+        if status == "succeeded" and result["knee_clients"] is None:
+            # every run failed: the record stays, and says why
+            status = "failed"
+            errors = [r.get("error") for r in result.get("runs", []) if r.get("error")]
+            error = "no run succeeded" + (f"; the first said: {errors[0]}" if errors else "")
         self._finish(
             status,
+            error=error,
             result=result,
             knee_clients=result["knee_clients"],
             best_clients=result["best_clients"],

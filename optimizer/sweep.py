@@ -370,7 +370,7 @@ def advise(
         lines.append(
             f"a new connection per transaction (pgbench -C) at {cost.clients} clients: "
             f"{cost.tps_new_connection:.0f} vs {cost.tps_persistent:.0f} tps "
-            f"({cost.throughput_loss:+.0%} throughput lost, about "
+            f"({cost.throughput_loss:.0%} less throughput, about "
             f"{cost.ms_per_connection:.1f} ms per connection): keep connections open "
             "(a pooler) rather than connecting per request"
         )

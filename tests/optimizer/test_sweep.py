@@ -201,7 +201,7 @@ def test_advice_pool_size_max_connections_and_connection_cost() -> None:
     assert adv.pool_size == 4
     assert len(adv.warnings) == 1
     assert "max_connections = 100 is 25x the knee (4)" in adv.warnings[0]
-    assert any("pgbench -C" in line and "+75% throughput lost" in line for line in adv.lines)
+    assert any("pgbench -C" in line and "75% less throughput" in line for line in adv.lines)
     assert advise(a, max_connections=12).warnings == []
 
 
