@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -83,7 +83,11 @@ class WorkloadIn(BaseModel):
     scripts: list[ScriptIn] | None = Field(default=None, max_length=20)
     scale: int = Field(default=10, ge=1, le=100_000)
     init: bool = True
-    clients: int = Field(default=8, ge=1, le=1000)
+    clients: Annotated[int, Field(ge=1, le=1000)] | Literal["auto"] = Field(
+        default=8,
+        description='"auto": a client sweep first, then tune at its knee (the smallest count '
+        "within a few % of the best throughput).",
+    )
     jobs: int = Field(default=2, ge=1, le=1000)
     duration_s: int = Field(default=60, ge=1, le=86_400)
     warmup_s: int = Field(default=5, ge=0, le=3600)
@@ -92,7 +96,7 @@ class WorkloadIn(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkloadIn:
-        if self.jobs > self.clients:
+        if isinstance(self.clients, int) and self.jobs > self.clients:
             raise ValueError(f"jobs ({self.jobs}) must not exceed clients ({self.clients})")
         if self.warmup_s >= self.duration_s:
             raise ValueError(

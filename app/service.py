@@ -426,6 +426,9 @@ def recommendation(db: Database, session_id: int) -> Recommendation:
         "status": sess.status,
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
+    from app.sweep import export_header  # the target's last client sweep, as comments
+
+    header.update(export_header(db, target.id))
     unsafe = sorted(
         k for k in sess.best_config if k in CATALOGUE and CATALOGUE[k].durability_unsafe
     )

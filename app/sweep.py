@@ -39,7 +39,7 @@ from app.db import Database, utcnow
 from app.models import ACTIVE_STATUSES, Sweep, Target, TuningSession
 from app.postgres.dsn import is_local, mask_dsn, scrub
 from app.postgres.pgbench import BenchResult, BenchSpec, PgbenchError, init_data, run_bench
-from app.schemas import SweepIn, SweepOut
+from app.schemas import SessionIn, SweepIn, SweepOut
 from app.settings import Settings
 from optimizer.sweep import (
     ConnectionCost,
@@ -608,3 +608,164 @@ def start_sweep_job(db: Database, settings: Settings, sweep_id: int) -> threadin
     t = threading.Thread(target=job.run, name=f"sweep-{sweep_id}", daemon=True)
     t.start()
     return t
+
+
+def export_header(db: Database, target_id: int) -> dict[str, str]:
+    """Lines for a session's exported config: the target's last sweep and its advice."""
+    sw = latest_knee(db, target_id)
+    if sw is None or sw.result is None:
+        return {}
+    r = sw.result
+    wl = sw.request.get("builtin") or "custom scripts"
+    out = {
+        "client sweep": (
+            f"sweep {sw.id} ({wl}, {sw.finished_at:%Y-%m-%d %H:%M} UTC): knee at "
+            f"{r['knee_clients']} clients ({r['knee_tps']:.0f} tps), best {r['best_tps']:.0f} "
+            f"tps at {r['best_clients']} clients"
+        ),
+        "connection pool": f"about {r['pool_size']} server connections for that workload",
+    }
+    cost = r.get("connection_cost") or {}
+    if cost.get("tps_new_connection"):
+        out["connection per transaction"] = (
+            f"{cost['throughput_loss']:.0%} less throughput at {cost['clients']} clients "
+            f"(about {cost['ms_per_connection']:.1f} ms per new connection): use a pooler"
+        )
+    for i, w in enumerate(r.get("warnings", [])):
+        out[f"WARNING (sweep){'' if i == 0 else f' {i + 1}'}"] = w
+    return out
+
+
+# -- sessions with clients "auto" (issue 16, part 3) -------------------------------------
+FAR_PAST_KNEE = 2  # a session's clients at least this many times a known knee gets a note
+AUTO_RUN_S = 10  # longest run of a session's own sweep (its runs are short by design)
+
+
+def _sweep_of(wl: Any) -> SweepIn:
+    """The sweep of a session's workload: same scripts and data, short runs, no -C."""
+    duration = max(3, min(int(wl.duration_s), AUTO_RUN_S))
+    return SweepIn(
+        builtin=wl.builtin,
+        builtin_weight=wl.builtin_weight,
+        scripts=wl.scripts,
+        scale=wl.scale,
+        init=wl.init,
+        protocol=wl.protocol,
+        jobs=wl.jobs,
+        duration_s=duration,
+        warmup_s=min(int(wl.warmup_s), duration - 1),
+        connect_cost=False,
+    )
+
+
+def auto_clients(
+    db: Database,
+    session_id: int,
+    body: SessionIn,
+    dsn: str,
+    cpus: int | None,
+    stop: threading.Event | None,
+    workdir: Path,
+) -> SessionIn:
+    """Sweep the session's workload and return its request with ``clients`` = the knee.
+
+    The sweep is stored (status succeeded, ``result.session_id``), so the session's note,
+    its export and later sessions can refer to it. Raises SweepError when no knee came out
+    (every run failed); a stop returns the request unchanged (the caller checks its flag).
+    """
+    wl = body.workload
+    sweep_body = _sweep_of(wl)
+    started = utcnow()
+    result = measure(
+        dsn,
+        sweep_body,
+        cpus=cpus,
+        stop=stop,
+        workdir=workdir.resolve() / "sweep",
+        app_name=f"knobtune-pgbench-s{session_id}",
+    )
+    if result["stopped"]:
+        return body
+    knee = result["knee_clients"]
+    if knee is None:
+        errors = [r["error"] for r in result["runs"] if r.get("error")]
+        raise SweepError(
+            "clients auto: the client sweep measured nothing"
+            + (f" (first error: {errors[0]})" if errors else "")
+        )
+    with db.session() as s:
+        sess = s.get(TuningSession, session_id)
+        assert sess is not None
+        sw = Sweep(
+            target_id=sess.target_id,
+            status="succeeded",
+            phase="succeeded",
+            request=sweep_body.model_dump(mode="json"),
+            runs=result["runs"],
+            result={**result, "session_id": session_id},
+            knee_clients=knee,
+            best_clients=result["best_clients"],
+            best_tps=result["best_tps"],
+            cancel_requested=False,
+            created_at=started,
+            started_at=started,
+            finished_at=utcnow(),
+        )
+        s.add(sw)
+    new_wl = wl.model_copy(update={"clients": knee, "jobs": min(wl.jobs, knee)})
+    return body.model_copy(update={"workload": new_wl})
+
+
+def _same_workload(req: dict[str, Any], wl: Any) -> bool:
+    scripts = [s.model_dump(mode="json") for s in wl.scripts] if wl.scripts else None
+    return bool(
+        req.get("builtin") == wl.builtin
+        and (req.get("scripts") or None) == scripts
+        and req.get("scale") == wl.scale
+    )
+
+
+def session_notes(db: Database, session_id: int, body: SessionIn) -> list[str]:
+    """Notes for a session from the target's sweeps: the sweep that chose its clients
+    ("auto"), or a warning that its clients are far past a known knee of its workload."""
+    with db.session() as s:
+        sess = s.get(TuningSession, session_id)
+        if sess is None:
+            return []
+        sweeps = list(
+            s.scalars(
+                select(Sweep)
+                .where(Sweep.target_id == sess.target_id, Sweep.status == "succeeded")
+                .order_by(Sweep.id.desc())
+            ).all()
+        )
+    for sw in sweeps:
+        r = sw.result or {}
+        if r.get("session_id") == session_id:
+            return [
+                f"clients auto: {r['knee_clients']} (client sweep {sw.id} before tuning: counts "
+                f"{r['counts']}, knee {r['knee_clients']} at {r['knee_tps']:.0f} tps, best "
+                f"{r['best_tps']:.0f} tps at {r['best_clients']} clients; the session tunes at "
+                "the knee, where the configuration and not a queue is measured)"
+            ]
+    return knee_note(sweeps, body)
+
+
+def knee_note(sweeps: list[Sweep], body: SessionIn) -> list[str]:
+    """A note when the session's clients are far past the knee of the latest sweep of the
+    same workload (builtin, scripts, scale) among ``sweeps`` (newest first)."""
+    clients = body.workload.clients
+    if not isinstance(clients, int):
+        return []
+    for sw in sweeps:
+        r = sw.result or {}
+        if sw.knee_clients and _same_workload(sw.request, body.workload):
+            if r.get("still_rising") or clients < FAR_PAST_KNEE * sw.knee_clients:
+                return []
+            return [
+                f"clients {clients} is far past the knee of this workload on this target "
+                f"({sw.knee_clients} clients, sweep {sw.id}): throughput does not rise past it, "
+                "so trials measure lock and CPU queues more than the configuration; consider "
+                f'clients {sw.knee_clients} (or "auto")'
+            ]
+    return []

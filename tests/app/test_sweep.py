@@ -6,16 +6,18 @@ Two sweeps measure (tpcb-like through the REST API, select-only directly), about
 
 from __future__ import annotations
 
+import os
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from app import sweep as sweeps_mod
 from app.postgres.sandbox import Sandbox
-from app.schemas import SweepIn
-from app.sweep import cpu_share, cpu_times, cpu_visibility, measure
+from app.schemas import SessionIn
+from app.sweep import cpu_share, cpu_times, cpu_visibility, export_header
+from optimizer.sweep import client_cap, doubling_series
 
 COUNTS = [1, 2, 4, 8, 16]
 QUICK: dict[str, Any] = {
@@ -107,21 +109,50 @@ def test_sweep_chart_and_listing(
     assert tpcb_sweep["id"] in [x["id"] for x in listed]
 
 
-def test_select_only_sweep_finds_a_knee_below_the_cap(sandbox: Sandbox, tmp_path: Path) -> None:
-    body = SweepIn(builtin="select-only", connect_cost=False, **QUICK)
-    seen: list[dict[str, Any]] = []
-    res = measure(sandbox.dsn, body, on_run=seen.append, workdir=tmp_path)
-    assert len(seen) == 2 * len(COUNTS)
-    assert [p["clients"] for p in res["points"]] == COUNTS
-    assert res["knee_clients"] < COUNTS[-1]
-    knee = next(p for p in res["points"] if p["clients"] == res["knee_clients"])
-    one = res["points"][0]
-    # more than one client does more reads per second on a 2-core host
-    assert res["best_tps"] > one["tps"]
-    assert knee["within_best"]
-    assert res["connection_cost"] is None
-    assert all(p["cpu_util"] is not None for p in res["points"])
-    assert res["wall_s"] > 0
+def test_clients_auto_sweeps_select_only_and_tunes_at_its_knee(
+    client: TestClient, target_id: int, tpcb_sweep: dict[str, Any]
+) -> None:
+    wl = {"builtin": "select-only", "scale": 1, "clients": "auto", "jobs": 2}
+    body = {"target_id": target_id, "knobs": ["work_mem"], "max_trials": 2, "hints": False}
+    r = client.post(
+        "/api/v1/sessions", json={**body, "workload": {**wl, "duration_s": 3, "warmup_s": 1}}
+    )
+    assert r.status_code == 202, r.text
+    sid = r.json()["id"]
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        sess = client.get(f"/api/v1/sessions/{sid}").json()
+        if sess["status"] in ("succeeded", "failed", "cancelled"):
+            break
+        time.sleep(0.5)
+    assert sess["status"] == "succeeded", sess
+    # the session's own sweep is stored: select-only on this host, default counts
+    sweeps = client.get("/api/v1/sweeps", params={"target_id": target_id}).json()
+    mine = [
+        x
+        for x in sweeps
+        if x["id"] != tpcb_sweep["id"] and x["request"]["builtin"] == "select-only"
+    ]
+    assert len(mine) == 1
+    sw = mine[0]
+    facts = sw["max_connections"]
+    assert [p["clients"] for p in sw["points"]] == doubling_series(
+        client_cap(facts, os.cpu_count())
+    )
+    assert sw["runs_done"] == 2 * len(sw["points"])
+    assert sw["knee_clients"] < sw["points"][-1]["clients"]
+    one = sw["points"][0]
+    assert sw["best_tps"] > one["tps"]  # more than one client reads more on a multi-core host
+    assert all(p["cpu_util"] is not None for p in sw["points"])
+    assert sw["connection_cost"] is None
+    # the session tuned at the knee and says so
+    assert sess["request"]["workload"]["clients"] == sw["knee_clients"]
+    assert any(
+        n.startswith(f"clients auto: {sw['knee_clients']} (client sweep {sw['id']}")
+        for n in sess["notes"]
+    ), sess["notes"]
+    trials = client.get(f"/api/v1/sessions/{sid}/trials").json()
+    assert trials
 
 
 def test_cpu_is_not_visible_for_a_remote_target_and_says_why() -> None:
@@ -172,3 +203,29 @@ def test_cancel_stops_a_sweep_at_once(
     assert done["status"] == "cancelled"
     assert time.monotonic() - t0 < 30  # well before one 30 s run would have ended
     assert client.post(f"/api/v1/sweeps/{sid}/cancel").status_code == 409
+
+
+def test_exports_carry_the_sweep_and_far_past_the_knee_gets_a_note(
+    client: TestClient, target_id: int, tpcb_sweep: dict[str, Any]
+) -> None:
+    db = client.app.state.db  # type: ignore[attr-defined]
+    header = export_header(db, target_id)
+    assert "knee at" in header["client sweep"]
+    assert any(
+        k.startswith("WARNING (sweep)") and "max_connections" in v for k, v in header.items()
+    )
+    knee = tpcb_sweep["knee_clients"]
+    far = SessionIn.model_validate(
+        {
+            "target_id": target_id,
+            "workload": {"builtin": "tpcb-like", "scale": 1, "clients": 4 * knee},
+        }
+    )
+    stored = sweeps_mod.list_sweeps(db, target_id)
+    notes = sweeps_mod.knee_note(stored, far)
+    assert len(notes) == 1
+    assert f"far past the knee of this workload on this target ({knee} clients" in notes[0]
+    near = far.model_copy(update={"workload": far.workload.model_copy(update={"clients": knee})})
+    assert sweeps_mod.knee_note(stored, near) == []
+    other = far.model_copy(update={"workload": far.workload.model_copy(update={"scale": 7})})
+    assert sweeps_mod.knee_note(stored, other) == []  # a knee is the workload's own
