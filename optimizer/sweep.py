@@ -94,7 +94,7 @@ class SweepAnalysis:
     run_sd: float  # moderated between-run sd of a log level, as used
     dof: float
     tolerance: float
-    still_rising: bool  # the best is the largest count measured: the knee may lie beyond
+    still_rising: bool  # the knee is the largest count measured: the real one may lie beyond
     notes: list[str] = field(default_factory=list)
 
 
@@ -267,9 +267,10 @@ def analyse(
         )  # fmt: skip
 
     knee = next((c for c in measured if stat[c].within_best), None)
-    still_rising = best is not None and best == measured[-1] and len(measured) > 1
+    # only the largest count reached the best: the curve had not flattened yet
+    still_rising = knee is not None and knee == measured[-1] and len(measured) > 1
     if best is not None and knee is not None:
-        if still_rising and knee == best:
+        if still_rising:
             notes.append(
                 f"throughput still rose at the largest count measured ({best} clients): "
                 "the knee may lie beyond it; sweep higher if the server allows"

@@ -229,3 +229,30 @@ def test_exports_carry_the_sweep_and_far_past_the_knee_gets_a_note(
     assert sweeps_mod.knee_note(stored, near) == []
     other = far.model_copy(update={"workload": far.workload.model_copy(update={"scale": 7})})
     assert sweeps_mod.knee_note(stored, other) == []  # a knee is the workload's own
+
+
+def test_dashboard_sweep_page_start_and_cancel(
+    client: TestClient, target_id: int, tpcb_sweep: dict[str, Any]
+) -> None:
+    page = client.get(f"/sweeps/{tpcb_sweep['id']}")
+    assert page.status_code == 200
+    html = page.text
+    assert html.count('class="sweep-tps"') == len(COUNTS)  # the chart, inline
+    assert html.count('<tr class="sweep-point') == len(COUNTS)
+    assert f"{tpcb_sweep['knee_clients']} ◀ knee" in html
+    assert "max_connections" in html  # the warning
+    index = client.get("/").text
+    assert f'action="/targets/{target_id}/sweeps"' in index
+    assert 'href="/sweeps/' in index
+    # the form starts a default sweep; its page refreshes while it runs; cancel stops it
+    r = client.post(f"/targets/{target_id}/sweeps", follow_redirects=False)
+    assert r.status_code == 303, r.text
+    where = r.headers["location"]
+    sid = int(where.rsplit("/", 1)[1])
+    live = client.get(where).text
+    assert 'http-equiv="refresh"' in live
+    c = client.post(f"/sweeps/{sid}/cancel", follow_redirects=False)
+    assert c.status_code == 303
+    assert wait_sweep(client, sid, timeout=60)["status"] == "cancelled"
+    assert 'http-equiv="refresh"' not in client.get(where).text
+    assert client.get("/sweeps/999999").status_code == 404
