@@ -275,9 +275,10 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def _session_body(args: argparse.Namespace, target_id: int) -> dict[str, Any]:
+    auto = args.clients == "auto"  # a client sweep first, then tune at its knee
     workload: dict[str, Any] = {
-        "clients": args.clients,
-        "jobs": min(args.jobs, args.clients),
+        "clients": args.clients if auto else int(args.clients),
+        "jobs": args.jobs if auto else min(args.jobs, int(args.clients)),
         "duration_s": args.duration,
         "warmup_s": args.warmup,
         "scale": args.scale,
@@ -506,6 +507,15 @@ def _fail(exc: BaseException) -> None:
     print(f"knobtune: {' '.join(str(exc).split())}", file=sys.stderr)
 
 
+def _clients_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number or 'auto', not {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="knobtune", description="Tune PostgreSQL knobs by noise-aware coordinate descent."
@@ -560,7 +570,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--script", action="append", help="SQL script file for pgbench (repeatable)")
     s.add_argument("--duration", type=int, default=60)
     s.add_argument("--warmup", type=int, default=5)
-    s.add_argument("--clients", type=int, default=8)
+    s.add_argument(
+        "--clients",
+        type=_clients_arg,
+        default=8,
+        help='pgbench clients, or "auto": a client sweep first, then tune at its knee',
+    )
     s.add_argument("--jobs", type=int, default=2)
     s.add_argument("--scale", type=int, default=10)
     s.add_argument("--no-init", action="store_true", help="do not create pgbench tables")

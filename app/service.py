@@ -182,6 +182,13 @@ def delete_target(db: Database, target_id: int) -> None:
             raise ServiceError(
                 409, f"target {target_id} is busy with session {busy}; cancel it first"
             )
+        from app.sweep import busy_sweep
+
+        sweeping = busy_sweep(s, t.id)
+        if sweeping is not None:
+            raise ServiceError(
+                409, f"target {target_id} is busy with sweep {sweeping}; cancel it first"
+            )
         # Finished sessions keep their history: detach them by deleting them
         # only when the user deletes the target.
         for sess in s.scalars(

@@ -354,11 +354,25 @@ def advise(
     if knee is None or analysis.knee_tps is None:
         return Advice(None, [], ["no count was measured: no advice"])
     best = analysis.best_clients
-    lines.append(
-        f"knee: {knee} clients ({analysis.knee_tps:.0f} tps), within {analysis.tolerance:.0%} "
-        f"of the best ({analysis.best_tps or 0:.0f} tps at {best} clients) given the noise "
-        f"(run-to-run sd {analysis.run_sd:.1%})"
-    )
+    point = next(p for p in analysis.points if p.clients == knee)
+    short = point.shortfall or 0.0
+    if knee == best:
+        lines.append(
+            f"knee: {knee} clients, the best throughput ({analysis.knee_tps:.0f} tps); "
+            f"run-to-run sd {analysis.run_sd:.1%}"
+        )
+    else:
+        lines.append(
+            f"knee: {knee} clients ({analysis.knee_tps:.0f} tps, {short:.0%} below the best, "
+            f"{analysis.best_tps or 0:.0f} tps at {best} clients): the best is not credibly "
+            f"more than {analysis.tolerance:.0%} better (run-to-run sd {analysis.run_sd:.1%})"
+        )
+    if short > 2 * analysis.tolerance:
+        lines.append(
+            f"the knee is uncertain: runs varied by {analysis.run_sd:.0%} (sd), so a "
+            f"{short:.0%} shortfall cannot be told from the noise; a quieter host, longer runs "
+            "or more repeats narrow it (the true knee may be higher)"
+        )
     beyond = " or more (throughput was still rising)" if analysis.still_rising else ""
     lines.append(
         f"connection pool: about {knee} server connections{beyond} for this workload "

@@ -196,6 +196,9 @@ def test_cancel_stops_a_sweep_at_once(
     )
     assert r.status_code == 202, r.text
     sid = r.json()["id"]
+    d = client.delete(f"/api/v1/targets/{target_id}")
+    assert d.status_code == 409
+    assert f"busy with sweep {sid}" in d.json()["detail"]
     c = client.post(f"/api/v1/sweeps/{sid}/cancel")
     assert c.status_code == 202
     t0 = time.monotonic()
@@ -256,3 +259,15 @@ def test_dashboard_sweep_page_start_and_cancel(
     assert wait_sweep(client, sid, timeout=60)["status"] == "cancelled"
     assert 'http-equiv="refresh"' not in client.get(where).text
     assert client.get("/sweeps/999999").status_code == 404
+
+
+def test_cli_sweep_refuses_unclear_requests(capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli import main
+
+    assert main(["sweep", "--dsn", "host=/tmp", "--target", "1"]) == 2
+    assert "exactly one of --dsn or --target" in capsys.readouterr().err
+    assert main(["sweep", "--target", "1", "--clients", "1,x"]) == 2
+    assert "--clients must be comma-separated integers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["tune", "--dsn", "host=/tmp", "--clients", "many"])
+    assert "a number or 'auto'" in capsys.readouterr().err

@@ -215,3 +215,20 @@ def test_bad_input_is_refused() -> None:
     a = analyse([SweepRun(clients=1, tps=None)])
     assert a.knee_clients is None
     assert advise(a).pool_size is None
+
+
+def test_a_noisy_sweep_says_its_knee_is_uncertain() -> None:
+    rng = np.random.default_rng(8)
+    # 30% run-to-run noise (a loaded host): knees land low and the advice says so
+    said = 0
+    for _ in range(30):
+        a = analyse(simulate(plateau(8), COUNTS, rng, sd=0.3))
+        lines = advise(a).lines
+        knee = next(p for p in a.points if p.clients == a.knee_clients)
+        if (knee.shortfall or 0) > 0.1:
+            said += 1
+            assert any("the knee is uncertain" in line for line in lines), lines
+            assert "below the best" in lines[0]
+    assert said > 0
+    quiet = advise(analyse(simulate(plateau(8), COUNTS, rng, sd=0.01)))
+    assert not any("uncertain" in line for line in quiet.lines)
