@@ -77,6 +77,7 @@ class PointStat:
     shortfall: float | None  # fraction below the best's level (0 for the best)
     p_value: float | None  # of "the best is no better than this count"
     within_best: bool
+    unsteady: bool  # its runs disagreed far beyond the others': never taken as the knee
     latency_mean_ms: float | None
     latency_p95_ms: float | None
     latency_p99_ms: float | None  # geometric mean over runs
@@ -183,7 +184,7 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return sum(v) / len(v) if v else None
 
 
-def _moderated(
+def _pool(
     groups: list[np.ndarray], within: float, run_sd: float, prior_df: float
 ) -> tuple[float, float]:
     """Pooled replicate variance of run levels, shrunk toward the drift prior."""
@@ -192,6 +193,29 @@ def _moderated(
     prior = run_sd**2 + within
     var = (prior_df * prior + ss) / (prior_df + df) if prior_df + df > 0 else prior
     return max(var, within, 1e-12), prior_df + df
+
+
+def _moderated(
+    groups: dict[int, np.ndarray], within: float, run_sd: float, prior_df: float
+) -> tuple[float, float, dict[int, float]]:
+    """The pooled variance of the steady counts, and the unsteady counts' own variances.
+
+    A count whose runs disagree far beyond the other counts' spread (F test at 1% against
+    the pool of the others) straddled a change in the host's load (others' jobs starting
+    or ending). Pooled in, that one pair would set the noise of every count; it is left
+    out of the pool and judged on its own spread instead.
+    """
+    own: dict[int, float] = {}
+    for c, g in groups.items():
+        if g.size < 2:
+            continue
+        rest = [h for k, h in groups.items() if k != c]
+        var_rest, dof_rest = _pool(rest, within, run_sd, prior_df)
+        s2 = float(np.var(g, ddof=1))
+        if s2 > var_rest * float(stats.f.ppf(0.99, g.size - 1, dof_rest)):
+            own[c] = s2
+    var, dof = _pool([g for c, g in groups.items() if c not in own], within, run_sd, prior_df)
+    return var, dof, own
 
 
 def analyse(
@@ -226,9 +250,19 @@ def analyse(
     measured = [c for c in counts if levels[c].size]
     within_all = [r.within_var for c in measured for r in ok[c]]
     within = float(np.mean(within_all)) if within_all else 0.0
-    var, dof = _moderated([levels[c] for c in measured], within, run_sd, prior_df)
+    var, dof, own = _moderated({c: levels[c] for c in measured}, within, run_sd, prior_df)
     tcrit = float(stats.t.ppf(0.975, dof))
     notes: list[str] = []
+    for c in own:
+        lo, hi = (math.exp(float(v)) for v in (levels[c].min(), levels[c].max()))
+        notes.append(
+            f"the runs at {c} clients disagree ({lo:.0f} vs {hi:.0f} tps), far beyond the "
+            "other counts' spread: the host's load probably changed during the sweep; that "
+            "count is judged on its own spread and is not taken as the knee"
+        )
+
+    def var_of(c: int) -> float:
+        return max(var, own.get(c, 0.0))
 
     best = max(measured, key=lambda c: float(levels[c].mean())) if measured else None
     stat: dict[int, PointStat] = {}
@@ -243,6 +277,7 @@ def analyse(
             "latency_p95_ms": _gmean([r.latency_p95_ms for r in ok[c]]),
             "latency_p99_ms": _gmean([r.latency_p99_ms for r in ok[c]]),
             "failed_transactions": sum(r.failed_transactions for r in rs),
+            "unsteady": c in own,
         }
         if not n or best is None:
             stat[c] = PointStat(
@@ -251,13 +286,13 @@ def analyse(
             )  # fmt: skip
             continue
         m = float(y.mean())
-        half = tcrit * math.sqrt(var / n)
+        half = tcrit * math.sqrt(var_of(c) / n)
         yb = levels[best]
         d = float(yb.mean()) - m  # log ratio best / this count, >= 0
         if c == best:
             p, within_best = None, True
         else:
-            se = math.sqrt(var * (1 / yb.size + 1 / n))
+            se = math.sqrt(var_of(best) / yb.size + var_of(c) / n)
             p = float(stats.t.sf(d / se, dof))
             # the verdict's rule: the best "wins" only if enough better AND credibly so
             within_best = not (math.expm1(d) >= tolerance and p < alpha)
@@ -266,7 +301,8 @@ def analyse(
             shortfall=-math.expm1(-d), p_value=p, within_best=within_best, **common,
         )  # fmt: skip
 
-    knee = next((c for c in measured if stat[c].within_best), None)
+    # an unsteady count's level is unknown, not "within": the knee is a steady count
+    knee = next((c for c in measured if stat[c].within_best and c not in own), best)
     # only the largest count reached the best: the curve had not flattened yet
     still_rising = knee is not None and knee == measured[-1] and len(measured) > 1
     if best is not None and knee is not None:
@@ -326,7 +362,7 @@ def _latency_climb(
         return None
     # p99 of short runs is noisier than throughput: the pooled spread speaks for itself,
     # with the throughput prior (doubled) as its floor of belief
-    var, dof = _moderated([logs[c] for c in have], 0.0, 2 * run_sd, prior_df)
+    var, dof = _pool([logs[c] for c in have], 0.0, 2 * run_sd, prior_df)
     lowest = have[0]
     for c in have[1:]:
         y, yl = logs[c], logs[lowest]
