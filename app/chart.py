@@ -246,9 +246,13 @@ def render_sweep_svg(
             if p.get("cpu_util") is not None:
                 tip += f", CPU {float(p['cpu_util']):.0%}"
             fill = "#1a9850" if p.get("within_best") else "#2166ac"
+            ring = ""
+            if p.get("unsteady"):  # its runs disagreed: level unknown, never the knee
+                fill, ring = "#fff", ' stroke="#737373" stroke-width="2"'
+                tip += " (unsteady: its runs disagree)"
             out.append(
                 f'<circle class="sweep-tps" data-clients="{c}" cx="{x(c):.1f}" '
-                f'cy="{y(float(p["tps"])):.1f}" r="4.5" fill="{fill}">'
+                f'cy="{y(float(p["tps"])):.1f}" r="4.5" fill="{fill}"{ring}>'
                 f"<title>{escape(tip)}</title></circle>"
             )
         if p.get("latency_p99_ms"):
@@ -261,6 +265,7 @@ def render_sweep_svg(
         ("tps", "#2166ac"),
         ("within the best (given the noise)", "#1a9850"),
         ("p99 latency", "#d6604d"),
+        ("unsteady (runs disagree)", "#bbb"),
     ]
     lx = left
     for name, color in legend:
