@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from app import sweep as sweeps_mod
+from app.postgres.pgbench import find_pgbench
 from app.postgres.sandbox import Sandbox
-from app.schemas import SessionIn
-from app.sweep import cpu_share, cpu_times, cpu_visibility, export_header
+from app.schemas import SessionIn, SweepIn
+from app.sweep import cpu_share, cpu_times, cpu_visibility, export_header, measure
 from optimizer.sweep import client_cap, doubling_series
 
 COUNTS = [1, 2, 4, 8, 16]
@@ -271,3 +273,35 @@ def test_cli_sweep_refuses_unclear_requests(capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(SystemExit):
         main(["tune", "--dsn", "host=/tmp", "--clients", "many"])
     assert "a number or 'auto'" in capsys.readouterr().err
+
+
+def test_a_failing_point_is_recorded_and_the_sweep_goes_on(
+    sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pgbench dies at 2 clients only (a wrapper around the real one): those runs are
+    recorded with pgbench's message, and the other counts are measured and analysed."""
+    real = find_pgbench()
+    wrapper = tmp_path / "pgbench"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do [ "$prev" = "-c" ] && [ "$a" = "2" ] && '
+        '{ echo "pgbench: error: injected failure at 2 clients" >&2; exit 1; }; prev="$a"; done\n'
+        f'exec {real} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("KNOBTUNE_PGBENCH", str(wrapper))
+    body = SweepIn(
+        builtin="select-only", scale=1, clients=[1, 2, 4], duration_s=2, warmup_s=1,
+        connect_cost=False,
+    )  # fmt: skip
+    res = measure(sandbox.dsn, body, workdir=tmp_path / "w")
+    failed = [r for r in res["runs"] if r["clients"] == 2]
+    assert len(failed) == 2
+    assert all("injected failure at 2 clients" in (r["error"] or "") for r in failed)
+    assert all(r["tps"] is None for r in failed)
+    pts = {p["clients"]: p for p in res["points"]}
+    assert pts[2]["failed_runs"] == 2
+    assert pts[2]["tps"] is None
+    assert pts[1]["runs"] == pts[4]["runs"] == 2
+    assert res["knee_clients"] in (1, 4)
+    assert any("at 2 clients failed" in line for line in res["advice"])
