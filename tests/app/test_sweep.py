@@ -1,7 +1,8 @@
 """Client sweeps on a real sandbox with real pgbench (3 s runs, clients 1..16).
 
-Two sweeps measure (tpcb-like through the REST API, select-only directly), about
-50 s each on a 2-core machine; the rest reuses them or stops at once.
+Two sweeps measure: select-only through the REST API (clients 1..32, about 60 s on a
+2-core machine) and tpcb-like as a clients-"auto" session's first step (the default
+counts, 1..16 here, about 50 s); the rest reuses them, stops at once or runs 2 s.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from app.sweep import cpu_share, cpu_times, cpu_visibility, export_header, measu
 from optimizer.sweep import client_cap, doubling_series
 
 COUNTS = [1, 2, 4, 8, 16]
+# select-only still rose a little from 8 to 16 clients on this loaded 2-core host in one
+# run in three: 32 keeps "a knee below the largest count" a fact about the workload
+API_COUNTS = [*COUNTS, 32]
 QUICK: dict[str, Any] = {
     "scale": 1,
     "clients": COUNTS,
@@ -51,8 +55,9 @@ def target_id(client: TestClient, sandbox: Sandbox) -> int:
 
 
 @pytest.fixture(scope="module")
-def tpcb_sweep(client: TestClient, target_id: int) -> dict[str, Any]:
-    r = client.post(f"/api/v1/targets/{target_id}/sweeps", json={**QUICK, "builtin": "tpcb-like"})
+def api_sweep(client: TestClient, target_id: int) -> dict[str, Any]:
+    body = {**QUICK, "builtin": "select-only", "clients": API_COUNTS}
+    r = client.post(f"/api/v1/targets/{target_id}/sweeps", json=body)
     assert r.status_code == 202, r.text
     assert r.headers["Location"] == f"/api/v1/sweeps/{r.json()['id']}"
     sid = int(r.json()["id"])
@@ -68,19 +73,19 @@ def tpcb_sweep(client: TestClient, target_id: int) -> dict[str, Any]:
     return done
 
 
-def test_tpcb_sweep_finds_a_knee_below_the_cap(tpcb_sweep: dict[str, Any]) -> None:
-    sw = tpcb_sweep
-    assert [p["clients"] for p in sw["points"]] == COUNTS
-    assert sw["runs_done"] == sw["runs_planned"] == 2 * len(COUNTS)
+def test_select_only_sweep_finds_a_knee_below_the_largest_count(api_sweep: dict[str, Any]) -> None:
+    sw = api_sweep
+    assert [p["clients"] for p in sw["points"]] == API_COUNTS
+    assert sw["runs_done"] == sw["runs_planned"] == 2 * len(API_COUNTS)
     # up then down: drift shifts every count alike
-    assert [r["clients"] for r in sw["runs"]] == COUNTS + COUNTS[::-1]
+    assert [r["clients"] for r in sw["runs"]] == API_COUNTS + API_COUNTS[::-1]
     for p in sw["points"]:
         assert p["runs"] == 2
         assert p["tps"] > 0
         assert p["latency_p99_ms"] >= p["latency_p95_ms"] > 0
         assert p["failed_transactions"] == 0
-    assert sw["knee_clients"] in COUNTS
-    assert sw["knee_clients"] < COUNTS[-1]
+    assert sw["knee_clients"] in API_COUNTS
+    assert sw["knee_clients"] < API_COUNTS[-1]
     assert sw["best_tps"] >= sw["knee_tps"] > 0
     assert sw["pool_size"] == sw["knee_clients"]
     # local target: CPU utilisation sampled for every run
@@ -93,28 +98,28 @@ def test_tpcb_sweep_finds_a_knee_below_the_cap(tpcb_sweep: dict[str, Any]) -> No
     assert cost["clients"] == sw["knee_clients"]
     assert cost["tps_new_connection"] < cost["tps_persistent"]
     assert any("pgbench -C" in line for line in sw["advice"])
-    # the sandbox's max_connections (100) is far above a knee of <= 8 on this machine
+    # the sandbox's max_connections (100) is far above a knee of <= 16
     assert sw["max_connections"] >= 4 * sw["knee_clients"]
     assert any("max_connections" in w for w in sw["warnings"])
 
 
 def test_sweep_chart_and_listing(
-    client: TestClient, tpcb_sweep: dict[str, Any], target_id: int
+    client: TestClient, api_sweep: dict[str, Any], target_id: int
 ) -> None:
-    r = client.get(f"/api/v1/sweeps/{tpcb_sweep['id']}/chart.svg")
+    r = client.get(f"/api/v1/sweeps/{api_sweep['id']}/chart.svg")
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("image/svg+xml")
-    assert r.text.count('class="sweep-tps"') == len(COUNTS)
-    assert r.text.count('class="sweep-p99"') == len(COUNTS)
-    assert f"knee {tpcb_sweep['knee_clients']}" in r.text
+    assert r.text.count('class="sweep-tps"') == len(API_COUNTS)
+    assert r.text.count('class="sweep-p99"') == len(API_COUNTS)
+    assert f"knee {api_sweep['knee_clients']}" in r.text
     listed = client.get("/api/v1/sweeps", params={"target_id": target_id}).json()
-    assert tpcb_sweep["id"] in [x["id"] for x in listed]
+    assert api_sweep["id"] in [x["id"] for x in listed]
 
 
-def test_clients_auto_sweeps_select_only_and_tunes_at_its_knee(
-    client: TestClient, target_id: int, tpcb_sweep: dict[str, Any]
+def test_clients_auto_sweeps_tpcb_and_tunes_at_its_knee(
+    client: TestClient, target_id: int, api_sweep: dict[str, Any]
 ) -> None:
-    wl = {"builtin": "select-only", "scale": 1, "clients": "auto", "jobs": 2}
+    wl = {"builtin": "tpcb-like", "scale": 1, "clients": "auto", "jobs": 2}
     body = {"target_id": target_id, "knobs": ["work_mem"], "max_trials": 2, "hints": False}
     r = client.post(
         "/api/v1/sessions", json={**body, "workload": {**wl, "duration_s": 3, "warmup_s": 1}}
@@ -128,12 +133,10 @@ def test_clients_auto_sweeps_select_only_and_tunes_at_its_knee(
             break
         time.sleep(0.5)
     assert sess["status"] == "succeeded", sess
-    # the session's own sweep is stored: select-only on this host, default counts
+    # the session's own sweep is stored: tpcb-like (1 branch: row locks), default counts
     sweeps = client.get("/api/v1/sweeps", params={"target_id": target_id}).json()
     mine = [
-        x
-        for x in sweeps
-        if x["id"] != tpcb_sweep["id"] and x["request"]["builtin"] == "select-only"
+        x for x in sweeps if x["request"]["builtin"] == "tpcb-like" and x["status"] == "succeeded"
     ]
     assert len(mine) == 1
     sw = mine[0]
@@ -143,8 +146,6 @@ def test_clients_auto_sweeps_select_only_and_tunes_at_its_knee(
     )
     assert sw["runs_done"] == 2 * len(sw["points"])
     assert sw["knee_clients"] < sw["points"][-1]["clients"]
-    one = sw["points"][0]
-    assert sw["best_tps"] > one["tps"]  # more than one client reads more on a multi-core host
     assert all(p["cpu_util"] is not None for p in sw["points"])
     assert sw["connection_cost"] is None
     # the session tuned at the knee and says so
@@ -190,7 +191,7 @@ def test_bad_sweeps_are_refused_with_what_to_change(client: TestClient, target_i
 
 
 def test_cancel_stops_a_sweep_at_once(
-    client: TestClient, target_id: int, tpcb_sweep: dict[str, Any]
+    client: TestClient, target_id: int, api_sweep: dict[str, Any]
 ) -> None:
     r = client.post(
         f"/api/v1/targets/{target_id}/sweeps",
@@ -211,22 +212,29 @@ def test_cancel_stops_a_sweep_at_once(
 
 
 def test_exports_carry_the_sweep_and_far_past_the_knee_gets_a_note(
-    client: TestClient, target_id: int, tpcb_sweep: dict[str, Any]
+    client: TestClient, target_id: int, api_sweep: dict[str, Any]
 ) -> None:
     db = client.app.state.db  # type: ignore[attr-defined]
     header = export_header(db, target_id)
-    assert "knee at" in header["client sweep"]
-    assert any(
-        k.startswith("WARNING (sweep)") and "max_connections" in v for k, v in header.items()
+    latest = sweeps_mod.latest_knee(db, target_id)  # the export cites the newest knee
+    assert latest is not None
+    assert latest.result is not None
+    assert f"sweep {latest.id} (" in header["client sweep"]
+    assert f"knee at {latest.knee_clients} clients" in header["client sweep"]
+    warned = [v for k, v in header.items() if k.startswith("WARNING (sweep)")]
+    assert warned == latest.result["warnings"]
+    stored = sweeps_mod.list_sweeps(db, target_id)
+    tpcb = next(
+        x for x in stored if x.status == "succeeded" and x.request["builtin"] == "tpcb-like"
     )
-    knee = tpcb_sweep["knee_clients"]
+    assert tpcb.knee_clients is not None
+    knee = tpcb.knee_clients
     far = SessionIn.model_validate(
         {
             "target_id": target_id,
             "workload": {"builtin": "tpcb-like", "scale": 1, "clients": 4 * knee},
         }
     )
-    stored = sweeps_mod.list_sweeps(db, target_id)
     notes = sweeps_mod.knee_note(stored, far)
     assert len(notes) == 1
     assert f"far past the knee of this workload on this target ({knee} clients" in notes[0]
@@ -237,14 +245,14 @@ def test_exports_carry_the_sweep_and_far_past_the_knee_gets_a_note(
 
 
 def test_dashboard_sweep_page_start_and_cancel(
-    client: TestClient, target_id: int, tpcb_sweep: dict[str, Any]
+    client: TestClient, target_id: int, api_sweep: dict[str, Any]
 ) -> None:
-    page = client.get(f"/sweeps/{tpcb_sweep['id']}")
+    page = client.get(f"/sweeps/{api_sweep['id']}")
     assert page.status_code == 200
     html = page.text
-    assert html.count('class="sweep-tps"') == len(COUNTS)  # the chart, inline
-    assert html.count('<tr class="sweep-point') == len(COUNTS)
-    assert f"{tpcb_sweep['knee_clients']} ◀ knee" in html
+    assert html.count('class="sweep-tps"') == len(API_COUNTS)  # the chart, inline
+    assert html.count('<tr class="sweep-point') == len(API_COUNTS)
+    assert f"{api_sweep['knee_clients']} ◀ knee" in html
     assert "max_connections" in html  # the warning
     index = client.get("/").text
     assert f'action="/targets/{target_id}/sweeps"' in index
