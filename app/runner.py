@@ -199,7 +199,8 @@ class Heartbeat:
 class SessionRunner:
     def __init__(self, db: Database, settings: Settings, session_id: int, owner: str) -> None:
         self.db, self.settings, self.session_id, self.owner = db, settings, session_id, owner
-        self.workdir = Path(settings.work_dir) / "runs" / str(session_id)
+        # absolute: pgbench runs inside its run directory and is given log paths under it
+        self.workdir = (Path(settings.work_dir) / "runs" / str(session_id)).resolve()
         # pgbench's application_name prefix: lets a resumed session end an orphan's connections
         self.app_name = f"knobtune-pgbench-s{session_id}"
         self.snapshot: Snapshot | None = None  # in memory too: restoring needs no metadata DB
