@@ -11,6 +11,7 @@ a step line, and the final check as its two sides, paired run by run.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -308,5 +309,131 @@ def render_svg(
         )
         lx += 24 + int(6.2 * len(name))
     out.append("</g>")
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def render_sweep_svg(
+    points: Sequence[Mapping[str, Any]],
+    *,
+    knee: int | None,
+    title: str,
+    width: int = 860,
+    height: int = 380,
+) -> str:
+    """Throughput (left axis, with its 95% interval) and p99 latency (right axis) against
+    clients on a log2 axis; the knee is a vertical line. ``points`` are the sweep's
+    per-count points (GET /api/v1/sweeps/{id}); one ``<circle class="sweep-tps">`` each."""
+    left, right, top, bottom = 64, 64, 36, 56
+    w, h = width - left - right, height - top - bottom
+    pts = [p for p in points if p.get("clients")]
+    highs = [float(p.get("tps_high") or p["tps"]) for p in pts if p.get("tps")]
+    p99 = [float(p["latency_p99_ms"]) for p in pts if p.get("latency_p99_ms")]
+    hi = max(highs) * 1.05 if highs else 1.0
+    lat_hi = max(p99) * 1.1 if p99 else 1.0
+    xs = [math.log2(int(p["clients"])) for p in pts] or [0.0]
+    x_lo, x_hi = min(xs), max(xs)
+
+    def x(clients: int) -> float:
+        span = x_hi - x_lo
+        # 4% padding each side: the first and last points stay clear of the axes
+        return left + (0.5 if span == 0 else 0.04 + 0.92 * (math.log2(clients) - x_lo) / span) * w
+
+    def y(v: float) -> float:
+        return top + h - v / hi * h
+
+    def y2(v: float) -> float:
+        return top + h - v / lat_hi * h
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11" role="img">',
+        f"<title>{escape(title)}</title>",
+        f'<rect width="{width}" height="{height}" fill="#fff"/>',
+        f'<text x="{left}" y="20" font-size="14" font-weight="bold">{escape(title)}</text>',
+    ]
+    for t in _nice_ticks(0.0, hi):
+        if 0 <= t <= hi:
+            out.append(
+                f'<line x1="{left}" x2="{left + w}" y1="{y(t):.1f}" y2="{y(t):.1f}" stroke="#eee"/>'
+            )
+            out.append(f'<text x="{left - 6}" y="{y(t) + 4:.1f}" text-anchor="end">{t:g}</text>')
+    for t in _nice_ticks(0.0, lat_hi):
+        if 0 <= t <= lat_hi:
+            out.append(f'<text x="{left + w + 6}" y="{y2(t) + 4:.1f}" fill="#d6604d">{t:g}</text>')
+    out.append(
+        f'<text x="14" y="{top + h / 2}" transform="rotate(-90 14 {top + h / 2})" '
+        'text-anchor="middle" fill="#2166ac">tps (run level, 95% interval)</text>'
+    )
+    rx = width - 10
+    out.append(
+        f'<text x="{rx}" y="{top + h / 2}" transform="rotate(90 {rx} {top + h / 2})" '
+        'text-anchor="middle" fill="#d6604d">p99 latency (ms)</text>'
+    )
+    for p in pts:
+        c = int(p["clients"])
+        out.append(f'<text x="{x(c):.1f}" y="{top + h + 16}" text-anchor="middle">{c}</text>')
+    out.append(f'<text x="{left + w / 2}" y="{top + h + 34}" text-anchor="middle">clients</text>')
+    if knee is not None:
+        out.append(
+            f'<line class="knee" x1="{x(knee):.1f}" x2="{x(knee):.1f}" y1="{top}" '
+            f'y2="{top + h}" stroke="#1a9850" stroke-dasharray="6 4"/>'
+            f'<text x="{x(knee) + 4:.1f}" y="{top + 12}" fill="#1a9850">knee {knee}</text>'
+        )
+    tps_path = [(x(int(p["clients"])), y(float(p["tps"]))) for p in pts if p.get("tps")]
+    lat_path = [
+        (x(int(p["clients"])), y2(float(p["latency_p99_ms"])))
+        for p in pts
+        if p.get("latency_p99_ms")
+    ]
+    for path, color, dash in ((tps_path, "#2166ac", ""), (lat_path, "#d6604d", "4 3")):
+        if len(path) > 1:
+            d = " ".join(
+                f"{'M' if i == 0 else 'L'}{px:.1f},{py:.1f}" for i, (px, py) in enumerate(path)
+            )
+            extra = f' stroke-dasharray="{dash}"' if dash else ""
+            out.append(f'<path d="{d}" fill="none" stroke="{color}"{extra}/>')
+    for p in pts:
+        c = int(p["clients"])
+        if p.get("tps"):
+            lo, up = float(p.get("tps_low") or p["tps"]), float(p.get("tps_high") or p["tps"])
+            out.append(
+                f'<line x1="{x(c):.1f}" x2="{x(c):.1f}" y1="{y(lo):.1f}" y2="{y(up):.1f}" '
+                'stroke="#2166ac"/>'
+            )
+            tip = f"{c} clients: {float(p['tps']):.0f} tps"
+            if p.get("latency_p99_ms"):
+                tip += f", p99 {float(p['latency_p99_ms']):.1f} ms"
+            if p.get("cpu_util") is not None:
+                tip += f", CPU {float(p['cpu_util']):.0%}"
+            fill = "#1a9850" if p.get("within_best") else "#2166ac"
+            ring = ""
+            if p.get("unsteady"):  # its runs disagreed: level unknown, never the knee
+                fill, ring = "#fff", ' stroke="#737373" stroke-width="2"'
+                tip += " (unsteady: its runs disagree)"
+            out.append(
+                f'<circle class="sweep-tps" data-clients="{c}" cx="{x(c):.1f}" '
+                f'cy="{y(float(p["tps"])):.1f}" r="4.5" fill="{fill}"{ring}>'
+                f"<title>{escape(tip)}</title></circle>"
+            )
+        if p.get("latency_p99_ms"):
+            out.append(
+                f'<rect class="sweep-p99" x="{x(c) - 3:.1f}" '
+                f'y="{y2(float(p["latency_p99_ms"])) - 3:.1f}" width="6" height="6" '
+                'fill="#d6604d"/>'
+            )
+    legend = [
+        ("tps", "#2166ac"),
+        ("within the best (given the noise)", "#1a9850"),
+        ("p99 latency", "#d6604d"),
+        ("unsteady (runs disagree)", "#bbb"),
+    ]
+    lx = left
+    for name, color in legend:
+        out.append(
+            f'<circle cx="{lx}" cy="{height - 10}" r="4" fill="{color}"/>'
+            f'<text x="{lx + 8}" y="{height - 6}">{escape(name)}</text>'
+        )
+        lx += 40 + 6 * len(name)
     out.append("</svg>")
     return "\n".join(out)

@@ -281,9 +281,10 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def _session_body(args: argparse.Namespace, target_id: int) -> dict[str, Any]:
+    auto = args.clients == "auto"  # a client sweep first, then tune at its knee
     workload: dict[str, Any] = {
-        "clients": args.clients,
-        "jobs": min(args.jobs, args.clients),
+        "clients": args.clients if auto else int(args.clients),
+        "jobs": args.jobs if auto else min(args.jobs, int(args.clients)),
         "duration_s": args.duration,
         "warmup_s": args.warmup,
         "scale": args.scale,
@@ -460,9 +461,103 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Sweep client counts on a target (by --target id, or --dsn: found or registered)."""
+    if (args.target is None) == (args.dsn is None):
+        raise CliError("give exactly one of --dsn or --target")
+    body: dict[str, Any] = {
+        "builtin": args.builtin,
+        "scale": args.scale,
+        "init": not args.no_init,
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "repeats": args.repeats,
+        "jobs": args.jobs,
+        "connect_cost": not args.no_connect_cost,
+    }
+    if args.clients:
+        try:
+            body["clients"] = [int(c) for c in args.clients.split(",") if c.strip()]
+        except ValueError:
+            raise CliError(
+                f"--clients must be comma-separated integers, not {args.clients!r}"
+            ) from None
+    with connect(args.server, args.token, database_url=args.database_url) as api:
+        if args.target is not None:
+            tid = int(args.target)
+        else:
+            args.restart_command = None
+            tid = int(_find_or_create_target(api, args)["id"])
+        sw = api.call("POST", f"/api/v1/targets/{tid}/sweeps", json=body)
+        print(f"sweep {sw['id']} started on target {tid}", file=sys.stderr)
+        sw = _follow_sweep(api, int(sw["id"]))
+        if sw["status"] == "failed":
+            raise CliError(f"sweep failed: {sw['error']}")
+        out = Path(args.out).resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        chart = out / f"knobtune-sweep-{sw['id']}.svg"
+        chart.write_text(api.call("GET", f"/api/v1/sweeps/{sw['id']}/chart.svg"))
+    print(f"{'clients':>7} {'tps':>9} {'95% interval':>19} {'p99 ms':>8} {'CPU':>5}  ")
+    for p in sw["points"]:
+        if p["tps"] is None:
+            print(f"{p['clients']:>7} {'failed':>9}")
+            continue
+        cpu = f"{p['cpu_util']:.0%}" if p.get("cpu_util") is not None else "-"
+        p99 = f"{p['latency_p99_ms']:.1f}" if p["latency_p99_ms"] else "-"
+        mark = "  <- knee" if p["clients"] == sw["knee_clients"] else ""
+        print(
+            f"{p['clients']:>7} {p['tps']:>9.0f} {p['tps_low']:>9.0f}-{p['tps_high']:<9.0f} "
+            f"{p99:>8} {cpu:>5}{mark}"
+        )
+    if not sw["cpu_visible"]:
+        print(sw["cpu_note"])
+    for line in sw["advice"]:
+        print(line)
+    print(f"chart: {chart}")
+    return 130 if sw["status"] == "cancelled" else 0
+
+
+def _follow_sweep(api: Api, sweep_id: int) -> dict[str, Any]:
+    """Poll until the sweep ends; Ctrl-C or SIGTERM cancel it (nothing to restore)."""
+    interrupted = False
+
+    def on_sigint(_sig: int, _frame: Any) -> None:
+        nonlocal interrupted
+        interrupted = True
+
+    old = {sig: signal.signal(sig, on_sigint) for sig in (signal.SIGINT, signal.SIGTERM)}
+    sent, last = False, ""
+    try:
+        while True:
+            if interrupted and not sent:
+                print("interrupted: cancelling the sweep", file=sys.stderr)
+                with contextlib.suppress(CliError):
+                    api.call("POST", f"/api/v1/sweeps/{sweep_id}/cancel")
+                sent = True
+            sw: dict[str, Any] = api.call("GET", f"/api/v1/sweeps/{sweep_id}")
+            if sw["phase"] != last:
+                print(f"  {sw['phase']}", file=sys.stderr)
+                last = sw["phase"]
+            if sw["status"] in ("succeeded", "failed", "cancelled"):
+                return sw
+            time.sleep(1.0)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
 def _fail(exc: BaseException) -> None:
     # One line, whatever the driver said: newlines and tabs from libpq folded.
     print(f"knobtune: {' '.join(str(exc).split())}", file=sys.stderr)
+
+
+def _clients_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number or 'auto', not {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -519,7 +614,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--script", action="append", help="SQL script file for pgbench (repeatable)")
     s.add_argument("--duration", type=int, default=60)
     s.add_argument("--warmup", type=int, default=5)
-    s.add_argument("--clients", type=int, default=8)
+    s.add_argument(
+        "--clients",
+        type=_clients_arg,
+        default=8,
+        help='pgbench clients, or "auto": a client sweep first, then tune at its knee',
+    )
     s.add_argument("--jobs", type=int, default=2)
     s.add_argument("--scale", type=int, default=10)
     s.add_argument("--no-init", action="store_true", help="do not create pgbench tables")
@@ -531,6 +631,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=".")
     remote(s)
     s.set_defaults(func=cmd_tune)
+
+    s = sub.add_parser("sweep", help="find the client count where throughput stops rising")
+    s.add_argument("--dsn", help="libpq DSN of the target (registered if new)")
+    s.add_argument("--target", type=int, help="id of a registered target")
+    s.add_argument("--name", help="with --dsn: target name (default: derived from the DSN)")
+    s.add_argument("--ram-bytes", type=int)
+    s.add_argument("--cpus", type=int)
+    s.add_argument(
+        "--builtin", choices=["tpcb-like", "simple-update", "select-only"], default="tpcb-like"
+    )
+    s.add_argument("--clients", help="comma-separated counts (default: 1, 2, 4, ... to a cap)")
+    s.add_argument("--duration", type=int, default=10, help="seconds per run, warm-up included")
+    s.add_argument("--warmup", type=int, default=2)
+    s.add_argument("--repeats", type=int, default=2, help="runs per count (up-down order)")
+    s.add_argument("--jobs", type=int, default=2)
+    s.add_argument("--scale", type=int, default=10)
+    s.add_argument("--no-init", action="store_true", help="do not create pgbench tables")
+    s.add_argument("--no-connect-cost", action="store_true", help="skip the -C run at the knee")
+    s.add_argument("--out", default=".", help="where the chart goes (default: .)")
+    remote(s)
+    s.set_defaults(func=cmd_sweep)
 
     s = sub.add_parser("sessions", help="list sessions")
     s.add_argument("--limit", type=int, default=20)

@@ -188,3 +188,33 @@ class Schedule(Base):
     last_fired_at: Mapped[datetime | None]
     last_result: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime]
+
+
+class Sweep(Base):
+    """A client sweep of a target (issue 16): the workload at increasing client counts.
+
+    It changes no configuration, so there is nothing to restore; it holds its target like
+    a session does (one sweep or session at a time), until it ends or its heartbeat goes
+    stale (the process running it died).
+    """
+
+    __tablename__ = "sweeps"
+    __table_args__ = (Index("ix_sweeps_target_status", "target_id", "status"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    phase: Mapped[str] = mapped_column(String(200), default="queued")
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    runs: Mapped[list[Any]] = mapped_column(JSON, default=list)  # one entry per run, in order
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # points, knee, advice
+    knee_clients: Mapped[int | None] = mapped_column(Integer)
+    best_clients: Mapped[int | None] = mapped_column(Integer)
+    best_tps: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    heartbeat_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]

@@ -200,7 +200,8 @@ class Heartbeat:
 class SessionRunner:
     def __init__(self, db: Database, settings: Settings, session_id: int, owner: str) -> None:
         self.db, self.settings, self.session_id, self.owner = db, settings, session_id, owner
-        self.workdir = Path(settings.work_dir) / "runs" / str(session_id)
+        # absolute: pgbench runs inside its run directory and is given log paths under it
+        self.workdir = (Path(settings.work_dir) / "runs" / str(session_id)).resolve()
         # pgbench's application_name prefix: lets a resumed session end an orphan's connections
         self.app_name = f"knobtune-pgbench-s{session_id}"
         self.snapshot: Snapshot | None = None  # in memory too: restoring needs no metadata DB
@@ -354,6 +355,15 @@ class SessionRunner:
 
     # -- before the first trial ----------------------------------------------
     def _prepare(self, ctl: TargetController, body: SessionIn) -> Prepared:
+        if body.workload.clients == "auto":
+            from app.sweep import auto_clients
+
+            self._phase("client sweep (clients: auto): finding the knee")
+            cpus = self.target_hw[1]
+            stop = self.hb.stop_bench
+            body = auto_clients(self.db, self.session_id, body, self.dsn, cpus, stop, self.workdir)
+            self.hb.check()
+            self._update(request=body.model_dump(mode="json"))  # a resume tunes at that knee
         data = self.stored_snapshot
         if data is None:
             self._phase("probing the target")
@@ -378,6 +388,9 @@ class SessionRunner:
         self.snapshot = snapshot
         built = session_optimizer(body, data, self.seed, can_restart=ctl.can_restart)
         opt, start, notes, hw = built.optimizer, built.start, built.notes, built.hardware
+        from app.sweep import session_notes
+
+        notes = [*session_notes(self.db, self.session_id, body), *notes]
         replayed = self._replay(opt)
         self._shifts_noted = len(opt.shifts)  # a resumed session noted these already
         self._update(start_config=start, notes=notes, trials_planned=opt.planned_trials())
@@ -446,7 +459,7 @@ class SessionRunner:
             builtin=wl.builtin,
             builtin_weight=wl.builtin_weight,
             scripts=bench_scripts(wl),
-            clients=wl.clients,
+            clients=int(wl.clients),  # an int by now: _prepare resolved "auto"
             jobs=wl.jobs,
             duration_s=wl.duration_s,
             warmup_s=wl.warmup_s,
@@ -597,7 +610,7 @@ class SessionRunner:
             {**effective, **cand.config},
             {**effective, **p.optimizer.incumbent},
             ram_bytes=p.ram_bytes,
-            clients=p.body.workload.clients,
+            clients=int(p.body.workload.clients),
         )
 
     def _watch(

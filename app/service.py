@@ -206,6 +206,13 @@ def delete_target(db: Database, target_id: int, history: HistoryChoice | None = 
             raise ServiceError(
                 409, f"target {target_id} is busy with session {busy}; cancel it first"
             )
+        from app.sweep import busy_sweep
+
+        sweeping = busy_sweep(s, t.id)
+        if sweeping is not None:
+            raise ServiceError(
+                409, f"target {target_id} is busy with sweep {sweeping}; cancel it first"
+            )
         sessions = list(
             s.scalars(select(TuningSession).where(TuningSession.target_id == _id(target_id)))
         )
@@ -329,6 +336,13 @@ def create_session(
         if busy is not None:
             raise ServiceError(
                 409, f"target {target.name!r} is busy with session {busy}; wait or cancel it"
+            )
+        from app.sweep import busy_sweep  # a sweep holds its target like a session
+
+        sweeping = busy_sweep(s, target.id)
+        if sweeping is not None:
+            raise ServiceError(
+                409, f"target {target.name!r} is busy with sweep {sweeping}; wait or cancel it"
             )
         dsn = target.dsn
     # Before anything is stored or changed: a script that cannot run is a 422 now, not a
@@ -535,6 +549,9 @@ def recommendation(db: Database, session_id: int) -> Recommendation:
         "status": sess.status,
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
+    from app.sweep import export_header  # the target's last client sweep, as comments
+
+    header.update(export_header(db, target.id))
     unsafe = sorted(
         k for k in sess.best_config if k in CATALOGUE and CATALOGUE[k].durability_unsafe
     )

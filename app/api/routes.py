@@ -8,12 +8,16 @@ from fastapi import APIRouter, Depends, Query, Response
 from fastapi.responses import PlainTextResponse
 
 from app import service
+from app import sweep as sweeps
 from app.api.deps import DB, AppSettings, Sched, require_token
+from app.chart import render_sweep_svg
 from app.schemas import (
     ScheduleIn,
     ScheduleOut,
     SessionIn,
     SessionOut,
+    SweepIn,
+    SweepOut,
     TargetIn,
     TargetOut,
     TrialOut,
@@ -137,3 +141,41 @@ def delete_schedule(schedule_id: int, db: DB, sched: Sched) -> Response:
     if sched is not None:
         sched.sync_schedules()
     return Response(status_code=204)
+
+
+# -- client sweeps (issue 16) ---------------------------------------------------------
+@router.post("/targets/{target_id}/sweeps", status_code=202, response_model=SweepOut)
+def create_sweep(
+    target_id: int, body: SweepIn, db: DB, settings: AppSettings, response: Response
+) -> SweepOut:
+    sw = sweeps.create_sweep(db, target_id, body, settings.instance_id)
+    sweeps.start_sweep_job(db, settings, sw.id)
+    response.headers["Location"] = f"/api/v1/sweeps/{sw.id}"
+    return sweeps.sweep_out(sw)
+
+
+@router.get("/sweeps", response_model=list[SweepOut])
+def list_sweeps(
+    db: DB, target_id: int | None = None, limit: int = Query(default=100, ge=1, le=1000)
+) -> list[SweepOut]:
+    return [sweeps.sweep_out(x) for x in sweeps.list_sweeps(db, target_id, limit)]
+
+
+@router.get("/sweeps/{sweep_id}", response_model=SweepOut)
+def get_sweep(sweep_id: int, db: DB) -> SweepOut:
+    return sweeps.sweep_out(sweeps.get_sweep(db, sweep_id))
+
+
+@router.post("/sweeps/{sweep_id}/cancel", status_code=202, response_model=SweepOut)
+def cancel_sweep(sweep_id: int, db: DB) -> SweepOut:
+    return sweeps.sweep_out(sweeps.cancel_sweep(db, sweep_id))
+
+
+@router.get("/sweeps/{sweep_id}/chart.svg")
+def sweep_chart(sweep_id: int, db: DB) -> Response:
+    sw = sweeps.get_sweep(db, sweep_id)
+    points = (sw.result or {}).get("points", [])
+    svg = render_sweep_svg(
+        points, knee=sw.knee_clients, title=f"Client sweep {sw.id}: tps and p99 vs clients"
+    )
+    return Response(svg, media_type="image/svg+xml")

@@ -24,13 +24,14 @@ from pydantic import ValidationError
 from sqlalchemy import select
 
 from app import service
+from app import sweep as sweeps
 from app.api.deps import DB, TOKEN_COOKIE, AppSettings, Sched, is_authorized, token_ok
-from app.chart import final_label, points_of, readable, render_svg
+from app.chart import final_label, points_of, readable, render_svg, render_sweep_svg
 from app.db import Database
-from app.models import ACTIVE_STATUSES, Trial, TuningSession
+from app.models import ACTIVE_STATUSES, Sweep, Trial, TuningSession
 from app.postgres.dsn import mask_dsn
 from app.postgres.sandbox import SandboxError
-from app.schemas import SessionIn, TargetIn, WorkloadIn
+from app.schemas import SessionIn, SweepIn, TargetIn, WorkloadIn
 from optimizer.catalogue import CATALOGUE
 from optimizer.render import status_label
 
@@ -258,6 +259,7 @@ def _index(
             }
             for t in targets
         ],
+        "sweeps": _latest_sweeps(db),
         "form": form,
         "session_error": session_error,
         "target_form": {k: v for k, v in (target_form or {}).items() if k != "dsn"},
@@ -486,6 +488,56 @@ def session_results(session_id: int, request: Request, db: DB) -> HTMLResponse:
     except service.ServiceError as exc:
         return _page(request, "error.html", {"message": exc.message}, exc.status)
     return _page(request, "_results.html", ctx)
+
+
+# -- client sweeps (issue 16) ------------------------------------------------------------
+def _latest_sweeps(db: Database) -> dict[int, Sweep]:
+    """Each target's newest sweep, in one query over the newest sweeps."""
+    out: dict[int, Sweep] = {}
+    for sw in sweeps.list_sweeps(db, limit=200):
+        out.setdefault(sw.target_id, sw)
+    return out
+
+
+def _sweep_page(
+    request: Request, db: Database, sweep_id: int, error: str | None = None, status: int = 200
+) -> HTMLResponse:
+    try:
+        sw = sweeps.get_sweep(db, sweep_id)
+        target = service.get_target(db, sw.target_id)
+    except service.ServiceError as exc:
+        return _page(request, "error.html", {"message": exc.message}, exc.status)
+    out = sweeps.sweep_out(sw)
+    chart = render_sweep_svg(
+        out.points, knee=out.knee_clients, title=f"Client sweep {sw.id}: tps and p99 vs clients"
+    )
+    ctx = {"w": out, "target": target, "chart": chart, "error": error}
+    return _page(request, "sweep.html", ctx, status)
+
+
+@page.get("/sweeps/{sweep_id}", response_class=HTMLResponse)
+def sweep_page(sweep_id: int, request: Request, db: DB) -> HTMLResponse:
+    return _sweep_page(request, db, sweep_id)
+
+
+@post.post("/targets/{target_id}/sweeps")
+def start_sweep(target_id: int, request: Request, db: DB, settings: AppSettings) -> Response:
+    """A sweep with the defaults (tpcb-like, 1, 2, 4, ... to the cap, 10 s runs twice)."""
+    try:
+        sw = sweeps.create_sweep(db, target_id, SweepIn(), settings.instance_id)
+    except service.ServiceError as exc:
+        return _page(request, "error.html", {"message": exc.message}, exc.status)
+    sweeps.start_sweep_job(db, settings, sw.id)
+    return RedirectResponse(f"/sweeps/{sw.id}", status_code=303)
+
+
+@post.post("/sweeps/{sweep_id}/cancel")
+def cancel_sweep(sweep_id: int, request: Request, db: DB) -> Response:
+    try:
+        sweeps.cancel_sweep(db, sweep_id)
+    except service.ServiceError as exc:
+        return _sweep_page(request, db, sweep_id, error=exc.message, status=exc.status)
+    return RedirectResponse(f"/sweeps/{sweep_id}", status_code=303)
 
 
 @post.post("/sessions/{session_id}/cancel")
