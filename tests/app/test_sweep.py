@@ -120,7 +120,13 @@ def test_clients_auto_sweeps_tpcb_and_tunes_at_its_knee(
     client: TestClient, target_id: int, api_sweep: dict[str, Any]
 ) -> None:
     wl = {"builtin": "tpcb-like", "scale": 1, "clients": "auto", "jobs": 2}
-    body = {"target_id": target_id, "knobs": ["work_mem"], "max_trials": 2, "hints": False}
+    body = {
+        "target_id": target_id,
+        "knobs": ["work_mem"],
+        "max_trials": 5,
+        "final_check_runs": 0,
+        "hints": False,
+    }
     r = client.post(
         "/api/v1/sessions", json={**body, "workload": {**wl, "duration_s": 3, "warmup_s": 1}}
     )
