@@ -144,10 +144,15 @@ def follow(api: Api, session_id: int) -> dict[str, Any]:
             signal.signal(sig, handler)
 
 
-def _trial_cells(t: dict[str, Any]) -> list[str]:
+def _trial_cells(t: dict[str, Any], trials: list[dict[str, Any]]) -> list[str]:
     gain = f"{t['gain'] * 100:+.1f}%" if t["gain"] is not None else ""
     med = t["samples"]["median_tps"]
     verdict = t["verdict"] or ("failed" if t["error"] else "")
+    if t["verdict"] in ("keep", "revert") and t["role"] != "candidate":
+        # decided on an incumbent re-run (C I I): say which candidate it was about
+        about = [c for c in trials if c["role"] == "candidate" and c["index"] < t["index"]]
+        if about:
+            verdict += f" {about[-1]['knob'] or ''} {about[-1]['value'] or ''}".rstrip()
     return [
         str(t["index"]),
         t["knob"] or f"({t['role']})",
@@ -187,7 +192,7 @@ class _LiveView:
         for col in ("#", "knob", "value", "median tps", "gain", "verdict"):
             table.add_column(col, justify="right" if col in ("#", "median tps", "gain") else "left")
         for t in trials[-15:]:
-            table.add_row(*_trial_cells(t))
+            table.add_row(*_trial_cells(t, trials))
         prog = sess["progress"]
         total = max(prog["trials_planned"] or 1, prog["trials_done"], 1)
         bar = ProgressBar(total=total, completed=prog["trials_done"], width=40)
@@ -208,7 +213,7 @@ class _LineView:
 
     def update(self, sess: dict[str, Any], trials: list[dict[str, Any]]) -> None:
         for t in trials[self.shown :]:
-            idx, knob, value, med, gain, verdict = _trial_cells(t)
+            idx, knob, value, med, gain, verdict = _trial_cells(t, trials)
             self.console.print(
                 f"trial {idx:>3}  {knob} {value}  {med} tps  {gain}  {verdict}  "
                 f"[{_progress_line(sess)}]",
