@@ -566,7 +566,7 @@ def recommendation(db: Database, session_id: int) -> Recommendation:
     return Recommendation.from_trials(
         original=sess.start_config,
         recommended=sess.best_config,
-        trials=[(_changed_knobs(t, sess.start_config), t.verdict, t.gain) for t in trials],
+        trials=_verdict_rows(trials, sess.start_config),
         overall_gain=sess.gain,
         overall_p_value=sess.gain_p_value,
         header=header,
@@ -575,6 +575,25 @@ def recommendation(db: Database, session_id: int) -> Recommendation:
         overall_ci=_pair(sess.gain_ci_low, sess.gain_ci_high),
         check=_check_text(trials),
     )
+
+
+def _verdict_rows(
+    trials: list[Trial], start: dict[str, str]
+) -> list[tuple[str | tuple[str, ...] | None, str | None, float | None]]:
+    """(knobs, verdict, gain) per trial, each verdict on the candidate it is about.
+
+    A verdict decided on an incumbent re-run (C I I: the keep lands on the last I) belongs
+    to the candidate before it: that knob was kept, with that gain.
+    """
+    rows: list[list[Any]] = []
+    last: int | None = None
+    for t in trials:
+        rows.append([_changed_knobs(t, start), t.verdict, t.gain])
+        if t.role == "candidate":
+            last = len(rows) - 1
+        elif t.verdict in ("keep", "revert") and last is not None:
+            rows[last][1:], rows[-1][1:] = [t.verdict, t.gain], [None, None]
+    return [(k, v, g) for k, v, g in rows]
 
 
 def _changed_knobs(t: Trial, start: dict[str, str]) -> str | tuple[str, ...] | None:

@@ -94,3 +94,27 @@ def test_a_cancelled_final_check_leaves_the_gain_unconfirmed_everywhere(
     page = client.get(f"/sessions/{sid}").text
     assert 'id="gain-status"' in page
     assert "UNCONFIRMED" in page
+
+
+def test_a_keep_decided_on_an_incumbent_rerun_is_the_candidates_in_the_export() -> None:
+    from app.models import Trial
+    from app.service import _verdict_rows
+    from optimizer.render import Recommendation, render_conf
+
+    def t(i: int, role: str, config: dict[str, str], **kw: Any) -> Trial:
+        return Trial(index=i, role=role, config=config, **kw)
+
+    start, best = {"work_mem": "4MB"}, {"work_mem": "28569kB"}
+    trials = [
+        t(1, "baseline", start),
+        t(2, "baseline", start),
+        t(3, "candidate", best, knob="work_mem", value="28569kB"),
+        t(4, "incumbent", start),
+        t(5, "incumbent", start, verdict="keep", gain=0.489),  # C I I: decided here
+        t(6, "candidate", {"work_mem": "60MB"}, knob="work_mem", value="60MB", verdict="revert"),
+    ]
+    rows = _verdict_rows(trials, start)
+    assert rows[2] == ("work_mem", "keep", 0.489)
+    assert rows[4] == (None, None, None)
+    rec = Recommendation.from_trials(original=start, recommended=best, trials=rows)
+    assert "# work_mem: 4MB -> 28569kB (+48.9% measured, 2 trials)" in render_conf(rec)
