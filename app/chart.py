@@ -132,7 +132,7 @@ def _incumbent_steps(points: Sequence[Point]) -> list[tuple[int, float]]:
     """(trial index, the incumbent's level after it) over the walk, final check excluded.
 
     The level is the median of the incumbent's runs so far; a kept candidate's runs
-    become the incumbent's from the run that decided the keep on.
+    become the incumbent's after the run that decided the keep.
     """
     inc: list[float] = []
     cand: list[float] = []
@@ -145,12 +145,13 @@ def _incumbent_steps(points: Sequence[Point]) -> list[tuple[int, float]]:
                 inc.append(p.median_tps)
             elif p.role == "candidate":
                 cand.append(p.median_tps)
+        if inc:
+            steps.append((p.index, statistics.median(inc)))
+        # decided after this run: the kept config is the incumbent from the next trial on
         if p.verdict == "keep" and cand:
             inc = cand
         if p.verdict is not None:
             cand = []
-        if inc:
-            steps.append((p.index, statistics.median(inc)))
     return steps
 
 

@@ -6,7 +6,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from app.chart import final_label, points_of, readable, render_svg
+from app.chart import _incumbent_steps, final_label, points_of, readable, render_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -87,12 +87,11 @@ def test_a_keep_decided_on_an_incumbent_rerun_colours_the_candidate() -> None:
     }
     assert verdicts["3"] == ("keep", "#1a9850")  # the candidate shows it was kept
     assert verdicts["5"][1] == "#737373"  # the deciding re-run stays an incumbent run
-    d = next(p for p in root.iter(f"{SVG}path") if p.get("class") == "incumbent").get("d")
-    assert d is not None
-    # the step line ends at the candidate's level (the new incumbent), not the old one
-    last_v = float(re.findall(r"V([\d.]+)", d)[-1])
-    first_v = float(re.findall(r"V([\d.]+)", d)[0])
-    assert last_v < first_v  # higher tps is further up: a smaller y
+    # the step line: the old level through the deciding run, the candidate's after it
+    after = [*trials, trial(6, "candidate", 300, knob="work_mem", value="64MB")]
+    steps = _incumbent_steps(points_of(after))
+    assert steps[-2] == (5, 206.5)  # median of 200, 210, 205, 208
+    assert steps[-1] == (6, 450)
 
 
 def test_a_load_shift_is_marked_where_it_was_seen() -> None:
