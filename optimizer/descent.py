@@ -520,7 +520,6 @@ class CoordinateDescent:
         keys = (self._key(self._baseline), self._key(self._inc))
         if self.checked:
             base, inc = self._final["final-baseline"], self._final["final-incumbent"]
-            return self._judge(keys, base, inc)
         return self._judge(keys, base, inc)
 
     def planned_trials(self) -> int:

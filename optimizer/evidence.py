@@ -58,7 +58,7 @@ of the within-run variance computed here (optimizer/verdict.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -366,13 +366,3 @@ def stream_figures(s: StreamStat, seconds: float | None = None) -> dict[str, flo
     if seconds:
         out["raw_tps"] = s.transactions / seconds
     return out
-
-
-def label_means(streams: Iterable[StreamStat]) -> dict[str, float]:
-    """Mean latency per ``stream/label`` (per-query before/after tables)."""
-    return {
-        f"{s.name}/{x.label}": x.mean_ms
-        for s in streams
-        for x in s.scripts
-        if x.mean_ms is not None
-    }

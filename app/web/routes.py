@@ -415,7 +415,7 @@ def _session_ctx(db: Database, session_id: int) -> dict[str, Any]:
             points_of(trials),
             baseline=out.baseline_tps,
             title=f"Session {session_id}: median throughput per trial",
-            final_label=final_label(out.model_dump()),
+            final_label=final_label({"gain": out.gain, "gain_status": out.gain_status}),
         )
         if any(t["median_tps"] is not None and t["error"] is None for t in trials)
         else None
