@@ -1,0 +1,62 @@
+"""TPC-H at one scale on a fresh default-config sandbox: load time, size, per-query times.
+
+Loads ``--scale`` with :class:`app.workloads.tpch.Tpch` (DuckDB dbgen, COPY, indexes,
+VACUUM ANALYZE), times a second prepare() (the re-use path), then runs each of the 22
+queries once, in order, with ``--timeout`` seconds as statement_timeout. Prints JSON:
+``load_s``, ``rows``, ``db_mb`` (pg_database_size), ``reuse_s``, ``query_s`` per query
+(null when cancelled) and ``pass_s`` (the default set's sum). Pick the tuning scale from
+``pass_s``: a run of D seconds holds about D / pass_s power passes.
+
+    .venv/bin/python bench/tpch_scale.py --scale 1 [--timeout 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import psycopg
+
+from app.postgres.sandbox import Sandbox
+from app.workloads.tpch import DEFAULT_QUERIES, QUERY_NAMES, Tpch, postgres_query
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--timeout", type=int, default=300, help="statement_timeout per query, s")
+    args = ap.parse_args()
+    out: dict[str, object] = {"scale": args.scale}
+    with Sandbox.create() as sb:
+        wl = Tpch(scale=args.scale)
+        t0 = time.monotonic()
+        out["note"] = wl.prepare(sb.dsn)
+        out["load_s"] = round(time.monotonic() - t0, 1)
+        t0 = time.monotonic()
+        wl.prepare(sb.dsn)
+        out["reuse_s"] = round(time.monotonic() - t0, 3)
+        times: dict[str, float | None] = {}
+        with psycopg.connect(sb.dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT pg_database_size(current_database()), (SELECT rows FROM knobtune_tpch)"
+            ).fetchone()
+            assert row is not None
+            out["db_mb"] = round(row[0] / 1e6)
+            out["rows"] = row[1]
+            conn.execute(f"SET statement_timeout = '{args.timeout}s'")
+            for q in QUERY_NAMES:
+                t0 = time.monotonic()
+                try:
+                    conn.execute(postgres_query(q, args.scale)).fetchall()
+                    times[q] = round(time.monotonic() - t0, 2)
+                except psycopg.errors.QueryCanceled:
+                    times[q] = None
+                print(q, times[q], flush=True)
+        out["query_s"] = times
+        out["pass_s"] = round(sum(times[q] or float("nan") for q in DEFAULT_QUERIES), 1)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
