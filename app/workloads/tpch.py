@@ -196,6 +196,11 @@ def generated_counts(scale: float) -> dict[str, int]:
         return {t: int(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in TABLES}
 
 
+def _message(exc: psycopg.Error, dsn: str) -> str:
+    """The server's one-line message (without the LINE/caret context), password masked."""
+    return scrub(exc.diag.message_primary or str(exc).strip(), dsn)
+
+
 def turn_script(bodies: Sequence[tuple[str, str]], stride: int) -> str:
     """One pgbench script running ``bodies`` (name, SQL) in turn, one per transaction.
 
@@ -299,20 +304,19 @@ class Tpch:
                 return self._load(conn)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise WorkloadError(
-                f"cannot create the TPC-H tables: {scrub(str(exc), dsn).strip()}; connect as a "
+                f"cannot create the TPC-H tables: {_message(exc, dsn)}; connect as a "
                 "user that may create tables in the first schema of its search_path (e.g. the "
                 "database owner, or GRANT CREATE ON SCHEMA public)"
             ) from None
         except (pg_errors.DiskFull, pg_errors.OutOfMemory) as exc:
             raise WorkloadError(
                 f"the target ran out of space loading TPC-H SF {self.scale:g} "
-                f"(about {self._estimated_mb():,} MB needed): {scrub(str(exc), dsn).strip()}; "
+                f"(about {self._estimated_mb():,} MB needed): {_message(exc, dsn)}; "
                 "free space on the target or choose a smaller scale"
             ) from None
         except psycopg.Error as exc:
             raise WorkloadError(
-                f"loading TPC-H SF {self.scale:g} into {mask_dsn(dsn)} failed: "
-                f"{scrub(str(exc), dsn).strip()}"
+                f"loading TPC-H SF {self.scale:g} into {mask_dsn(dsn)} failed: {_message(exc, dsn)}"
             ) from None
 
     def _estimated_mb(self) -> int:
@@ -354,11 +358,12 @@ class Tpch:
                 f"cannot make a temporary directory for the generated data: {exc}; "
                 "set TMPDIR to a writable directory"
             ) from None
-        with tmp as tmpdir, _generated(self.scale) as duck, conn.transaction():
+        with conn.transaction():
             # our own session only: a big sort memory speeds up the index builds, and a
             # target's statement_timeout must not cut the load
             conn.execute("SET LOCAL maintenance_work_mem = '256MB'")
             conn.execute("SET LOCAL statement_timeout = 0")
+            # the DDL first: a missing privilege shows before any data is generated
             for t in (*TABLES, MARKER):
                 conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(t)))
             conn.execute(
@@ -368,7 +373,9 @@ class Tpch:
             )
             for table, columns in TABLES.items():
                 conn.execute(f"CREATE TABLE {table} ({columns})")
-                rows += self._copy(conn, duck, table, pathlib.Path(tmpdir))
+            with tmp as tmpdir, _generated(self.scale) as duck:
+                for table in TABLES:
+                    rows += self._copy(conn, duck, table, pathlib.Path(tmpdir))
             for table, cols in INDEXES:
                 name = f"{table}_{cols.replace(', ', '_')}_idx"
                 conn.execute(f"CREATE INDEX {name} ON {table} ({cols})")

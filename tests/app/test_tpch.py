@@ -179,6 +179,16 @@ def test_foreign_tables_are_not_dropped(fresh_sandbox: Sandbox) -> None:
         Tpch(scale=SF).prepare(fresh_sandbox.dsn)
 
 
+def test_missing_privilege_says_what_to_change(loaded: tuple[str, str]) -> None:
+    dsn, _ = loaded
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE ROLE tpch_reader LOGIN")
+        conn.execute("CREATE DATABASE tpch_empty")
+    reader = dsn.replace("user=postgres dbname=postgres", "user=tpch_reader dbname=tpch_empty")
+    with pytest.raises(WorkloadError, match=r"cannot create the TPC-H tables.*GRANT CREATE"):
+        Tpch(scale=SF).prepare(reader)
+
+
 def test_bad_input_says_what_to_change() -> None:
     with pytest.raises(WorkloadError, match=r"unknown TPC-H queries 'Q23'.*Q1, Q2"):
         Tpch(queries=("Q1", "Q23"))
