@@ -5,9 +5,11 @@ VACUUM ANALYZE), times a second prepare() (the re-use path), then runs each of t
 queries once, in order, with ``--timeout`` seconds as statement_timeout. Prints JSON:
 ``load_s``, ``rows``, ``db_mb`` (pg_database_size), ``reuse_s``, ``query_s`` per query
 (null when cancelled) and ``pass_s`` (the default set's sum). Pick the tuning scale from
-``pass_s``: a run of D seconds holds about D / pass_s power passes.
+``pass_s``: a run of D seconds holds about D / pass_s power passes. ``--bench D`` then
+runs the power stream through pgbench for D seconds, as the runner would (one script,
+``-D n=0``), and adds ``bench``: transactions, passes and mean latency per query label.
 
-    .venv/bin/python bench/tpch_scale.py --scale 1 [--timeout 300]
+    .venv/bin/python bench/tpch_scale.py --scale 1 [--timeout 300] [--bench 60]
 """
 
 from __future__ import annotations
@@ -16,16 +18,51 @@ import argparse
 import json
 import time
 
+import numpy as np
 import psycopg
 
+from app.postgres.pgbench import BenchSpec, run_bench
 from app.postgres.sandbox import Sandbox
 from app.workloads.tpch import DEFAULT_QUERIES, QUERY_NAMES, Tpch, postgres_query
+
+
+def power_run(dsn: str, wl: Tpch, seconds: int) -> dict[str, object]:
+    (stream,) = wl.streams()
+    spec = BenchSpec(
+        builtin=None,
+        scripts=[(s.sql, s.weight) for s in stream.scripts],
+        clients=stream.clients,
+        jobs=1,
+        duration_s=seconds,
+        warmup_s=0,
+        protocol=stream.protocol,
+        defines=dict(stream.defines),
+        log_sampling=1.0,
+    )
+    t0 = time.monotonic()
+    res = run_bench(dsn, spec)
+    wall = time.monotonic() - t0
+    if not res.ok or res.tx is None:
+        return {"error": res.error}
+    lat: dict[str, list[float]] = {}
+    for c, k, s, ms in zip(
+        res.tx.client, res.tx.txno, res.tx.script, res.tx.latency_ms, strict=True
+    ):
+        lat.setdefault(stream.label(int(c), int(k), int(s)), []).append(float(ms))
+    return {
+        "wall_s": round(wall, 1),
+        "transactions": len(res.tx),
+        "passes": round(len(res.tx) / len(stream.sequence), 2),
+        "mean_ms": {q: round(float(np.mean(lat[q]))) for q in stream.sequence if q in lat},
+        "count": {q: len(lat[q]) for q in stream.sequence if q in lat},
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--timeout", type=int, default=300, help="statement_timeout per query, s")
+    ap.add_argument("--bench", type=int, default=0, help="then a pgbench power run of N s")
     args = ap.parse_args()
     out: dict[str, object] = {"scale": args.scale}
     with Sandbox.create() as sb:
@@ -55,6 +92,8 @@ def main() -> None:
                 print(q, times[q], flush=True)
         out["query_s"] = times
         out["pass_s"] = round(sum(times[q] or float("nan") for q in DEFAULT_QUERIES), 1)
+        if args.bench:
+            out["bench"] = power_run(sb.dsn, wl, args.bench)
     print(json.dumps(out, indent=1))
 
 
