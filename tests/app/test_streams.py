@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from app.cli import evidence_lines
 from app.db import Database
 from app.evidence import bench_spec, per_label, stream_stat
 from app.models import Trial, TuningSession
@@ -188,6 +189,12 @@ def test_query_time_session_on_two_scripts_keeps_work_mem_and_replays_from_evide
     conf = client.get(f"/api/v1/sessions/{sid}/config").text
     assert "# mean latency per label, best vs start" in conf
     assert "#   main/script2: " in conf
+    page = client.get(f"/sessions/{sid}").text
+    assert 'id="per-label"' in page
+    assert "<td>script2</td>" in page
+    summary = "\n".join(evidence_lines(final))
+    assert "main/script2" in summary
+    assert "main         best" in summary
 
     # The stored evidence alone replays the session to the same verdicts and the same best.
     db: Database = client.app.state.db  # type: ignore[attr-defined]
