@@ -81,6 +81,9 @@ class ScriptIn(BaseModel):
 class WorkloadIn(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
+    # which workload (app/workloads.workload_for maps each to its class); the fields below
+    # that a kind does not use are ignored by it
+    kind: Literal["pgbench"] = "pgbench"
     builtin: Builtin | None = "tpcb-like"
     builtin_weight: int = Field(default=1, ge=1, le=1000)
     scripts: list[ScriptIn] | None = Field(default=None, max_length=20)

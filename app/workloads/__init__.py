@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.workloads.base import Workload
+from app.workloads.base import Workload, WorkloadError
 
 if TYPE_CHECKING:
     from app.schemas import WorkloadIn
@@ -19,7 +19,9 @@ def workload_for(wl: WorkloadIn, *, clients: int | None = None) -> Workload:
     from app.workloads.pgbench import PgbenchWorkload
 
     n = clients if clients is not None else (wl.clients if isinstance(wl.clients, int) else 1)
-    # (the lead adds the kinds here: Tpch(...), Tpcc(...), Chbench(...) by a `kind` field)
+    # one branch per WorkloadIn.kind (tpch, tpcc, chbench: their classes take what they use)
+    if wl.kind != "pgbench":
+        raise WorkloadError(f"unknown workload kind {wl.kind!r}")
     return PgbenchWorkload(
         builtin=wl.builtin,
         builtin_weight=wl.builtin_weight,
