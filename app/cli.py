@@ -294,7 +294,10 @@ def _session_body(args: argparse.Namespace, target_id: int) -> dict[str, Any]:
         "warmup_s": args.warmup,
         "scale": args.scale,
         "init": not args.no_init,
+        "max_tries": args.max_tries,
     }
+    if args.isolation:
+        workload["isolation"] = args.isolation
     if args.script:
         workload["scripts"] = [{"sql": Path(f).read_text(), "weight": 1} for f in args.script]
         workload["builtin"] = args.builtin
@@ -306,6 +309,7 @@ def _session_body(args: argparse.Namespace, target_id: int) -> dict[str, Any]:
         "max_trials": args.max_trials,
         "min_gain": args.min_gain,
         "on_finish": args.on_finish,
+        "objective": args.objective,
     }
     if args.knobs:
         body["knobs"] = [k.strip() for k in args.knobs.split(",") if k.strip()]
@@ -380,9 +384,35 @@ def _report(api: Api, final: dict[str, Any], out: Path) -> int:
         if gain is not None
         else "no measured gain"
     )
+    if final.get("gain_text"):
+        print(f"objective: {final['gain_text']}")
+    for line in evidence_lines(final):
+        print(line)
     print(f"recommended config: {conf}")
     print(f"chart: {chart}")
     return 0
+
+
+def evidence_lines(final: dict[str, Any]) -> list[str]:
+    """Per stream (start and best) and per label (best vs start) tables for the summary."""
+    from app.service import label_line, stream_line
+
+    lines: list[str] = []
+    streams = final.get("per_stream") or []
+    if streams:
+        lines.append("per stream (median over runs):")
+        for row in streams:
+            lines.append(f"  {row['stream']:<12} {row['config']:<5} {stream_line(row)}")
+    labels = final.get("per_label") or []
+    if labels:
+        lines.append(
+            f"mean latency per label, best vs start ({final.get('per_label_status') or '?'}):"
+        )
+        width = max(len(f"{c['stream']}/{c['label']}") for c in labels)
+        for c in labels:
+            where = f"{c['stream']}/{c['label']}"
+            lines.append(f"  {where:<{width}}  {label_line(c)}")
+    return lines
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -632,6 +662,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--time-budget", type=float)
     s.add_argument("--min-gain", type=float, default=0.02)
     s.add_argument("--on-finish", choices=["restore", "apply_best"], default="restore")
+    s.add_argument(
+        "--objective",
+        choices=["throughput", "latency_p95", "query_time_geomean", "query_time_total"],
+        default="throughput",
+        help="what a run's level is, from its transactions (query times: lower is better)",
+    )
+    s.add_argument("--isolation", choices=["read committed", "repeatable read", "serializable"])
+    s.add_argument(
+        "--max-tries", type=int, default=1, help="pgbench --max-tries (serialization retries)"
+    )
     s.add_argument("--follow", action="store_true", help="with --server: show live progress")
     s.add_argument("--out", default=".")
     remote(s)

@@ -31,6 +31,7 @@ Guards and faults (README, "Reliability"):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import statistics
@@ -48,21 +49,24 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
 from app.db import Database, changed_rows, utcnow
+from app.evidence import bench_spec, stream_stat, streams_from_json, streams_json
 from app.models import Trial, TuningSession
 from app.postgres.dsn import scrub
-from app.postgres.pgbench import BenchResult, BenchSpec, ProgressSample, init_data, run_bench
+from app.postgres.pgbench import BenchResult, BenchSpec, ProgressSample, run_streams
 from app.postgres.target import ConnectError, Snapshot, TargetController, TargetError
 from app.schemas import SessionIn
 from app.settings import Settings
 from app.tuning import (
-    bench_scripts,
     describe,
     measurement,
     rows_to_json,
     session_optimizer,
 )
+from app.workloads import workload_for
+from app.workloads.base import Stream
 from optimizer.catalogue import CATALOGUE
 from optimizer.descent import Candidate, CoordinateDescent, Measurement
+from optimizer.evidence import StreamStat
 from optimizer.guard import (
     MEMORY_SETTINGS,
     ThroughputWatch,
@@ -116,6 +120,7 @@ class Prepared:
     snapshot: Snapshot
     start: dict[str, str]
     ram_bytes: int
+    streams: list[Stream]  # of one run, all started at once
 
 
 def _transient(exc: BaseException) -> bool:
@@ -400,11 +405,20 @@ class SessionRunner:
         if self.resumed:
             self._recover_target(ctl, snapshot)
         wl = body.workload
-        if wl.init:
-            self._phase(f"preparing data (pgbench scale {wl.scale})")
-            init_data(self.dsn, wl.scale)
+        workload = workload_for(wl, clients=int(wl.clients))  # an int by now: "auto" resolved
+        streams = workload.streams()
+        self._phase("preparing the workload's data")
+        # WorkloadError fails the session with its message (it says what to change)
+        prepared_note = workload.prepare(self.dsn)
+        if prepared_note:
+            self._note(prepared_note)
         return Prepared(
-            body=body, optimizer=opt, snapshot=snapshot, start=start, ram_bytes=hw.ram_bytes
+            body=body,
+            optimizer=opt,
+            snapshot=snapshot,
+            start=start,
+            ram_bytes=hw.ram_bytes,
+            streams=streams,
         )
 
     def _replay(self, opt: CoordinateDescent) -> int:
@@ -455,17 +469,10 @@ class SessionRunner:
     # -- the trial loop ------------------------------------------------------
     def _loop(self, ctl: TargetController, p: Prepared) -> None:
         wl = p.body.workload
-        spec = BenchSpec(
-            builtin=wl.builtin,
-            builtin_weight=wl.builtin_weight,
-            scripts=bench_scripts(wl),
-            clients=int(wl.clients),  # an int by now: _prepare resolved "auto"
-            jobs=wl.jobs,
-            duration_s=wl.duration_s,
-            warmup_s=wl.warmup_s,
-            protocol=wl.protocol,
-            rate=wl.rate,
-        )
+        specs = [
+            bench_spec(st, duration_s=wl.duration_s, warmup_s=wl.warmup_s, rate=wl.rate)
+            for st in p.streams
+        ]
         began = time.monotonic()
         trial_wall: list[float] = []
         while True:
@@ -496,11 +503,18 @@ class SessionRunner:
                 self._note(f"time budget of {budget:.0f} s reached after {len(trial_wall)} trials")
                 break
             t0 = time.monotonic()
-            if self._trial(ctl, p, cand, spec):
+            if self._trial(ctl, p, cand, specs):
                 trial_wall.append(time.monotonic() - t0)
 
-    def _trial(self, ctl: TargetController, p: Prepared, cand: Candidate, spec: BenchSpec) -> bool:
-        """One trial, stored before returning; False if it was rejected without a run."""
+    def _trial(
+        self, ctl: TargetController, p: Prepared, cand: Candidate, specs: list[BenchSpec]
+    ) -> bool:
+        """One trial, stored before returning; False if it was rejected without a run.
+
+        Every stream of the workload runs at once; the first feeds the live chart and the
+        performance guard, and its result carries the per-second samples stored.
+        """
+        spec = specs[0]
         started = utcnow()
         timings: dict[str, float] = {}
         if cand.role == "candidate":
@@ -521,6 +535,7 @@ class SessionRunner:
 
         error: str | None = None
         result: BenchResult | None = None
+        stats: tuple[StreamStat, ...] = ()
         down = False
         t = time.monotonic()
         try:
@@ -541,7 +556,7 @@ class SessionRunner:
                 # compared with a warm one (DESIGN.md: 1,298 vs ~3,700 tps).
                 self._update(phase="warming up after restart", applied=applied_at)
                 t = time.monotonic()
-                self._warm_up(spec)
+                self._warm_up(specs)
                 timings["warmup_s"] = round(time.monotonic() - t, 3)
                 self.hb.check()
             shifted = p.optimizer.shifts and p.optimizer.shifts[-1].trial == cand.index - 1
@@ -552,9 +567,9 @@ class SessionRunner:
             self.hb.live.clear()
             watch = self._watch(cand, spec, p.optimizer.incumbent)
             t = time.monotonic()
-            result = run_bench(
+            results = run_streams(
                 self.dsn,
-                spec,
+                specs,
                 on_sample=self.hb.sample,
                 stop=self.hb.stop_bench,
                 workdir=self.workdir,
@@ -563,6 +578,7 @@ class SessionRunner:
             )
             timings["bench_s"] = round(time.monotonic() - t, 3)
             self.hb.check()
+            result = _combined(p.streams, results)
             if result.early_stop is not None:
                 self._reject(p, cand, result, timings, started, result.early_stop)
                 self._restore_incumbent(ctl, p)
@@ -570,7 +586,8 @@ class SessionRunner:
             if not result.ok:
                 error = f"benchmark failed: {self._safe(result.error or 'unknown error')}"
                 down = not result.fatal and not ctl.is_up()
-        meas = _measurement_of(result, error)
+            stats = _stream_stats(p.streams, results, float(spec.warmup_s))
+        meas = _measurement_of(result, error, stats)
         verdict = p.optimizer.register(cand, meas)
         self._store_trial(cand, meas, result, verdict, timings, started, error, p.optimizer)
         if error is None:
@@ -586,7 +603,7 @@ class SessionRunner:
             self._note(f"trial {cand.index + 1}: {error}")
         return True
 
-    def _warm_up(self, spec: BenchSpec) -> None:
+    def _warm_up(self, specs: list[BenchSpec]) -> None:
         """Discarded load after a restart until throughput levels off (at most one run)."""
         seen: list[float] = []
 
@@ -594,9 +611,9 @@ class SessionRunner:
             seen.append(s.tps)
             return "warm" if warmed_up(seen) else None
 
-        run_bench(
+        run_streams(
             self.dsn,
-            BenchSpec(**{**spec.__dict__, "warmup_s": 0}),
+            [dataclasses.replace(spec, warmup_s=0) for spec in specs],
             stop=self.hb.stop_bench,
             workdir=self.workdir,
             watch=level,
@@ -610,7 +627,7 @@ class SessionRunner:
             {**effective, **cand.config},
             {**effective, **p.optimizer.incumbent},
             ram_bytes=p.ram_bytes,
-            clients=int(p.body.workload.clients),
+            clients=sum(st.clients for st in p.streams),
         )
 
     def _watch(
@@ -714,6 +731,7 @@ class SessionRunner:
             latency_p95_ms=meas.latency_p95_ms,
             latency_p99_ms=meas.latency_p99_ms,
             failed_transactions=result.failed_transactions if result else 0,
+            evidence=streams_json(meas.streams),
             verdict=_verdict_text(verdict, rejected),
             gain=verdict.gain if verdict and not rejected else None,
             p_value=verdict.p_value if verdict and not rejected else None,
@@ -930,7 +948,49 @@ def _label(cand: Candidate) -> str:
     return f"{cand.knob}={cand.value}" if cand.knob else str(cand.value)
 
 
-def _measurement_of(result: BenchResult | None, error: str | None) -> Measurement:
+def _combined(streams: list[Stream], results: list[BenchResult]) -> BenchResult:
+    """One result for the trial row: the first stream's, with every stream's failure.
+
+    A failure of any stream fails the run; streams ended because another one failed or
+    was stopped early come back stopped, and only the one that failed says why.
+    """
+    first = results[0]
+    if len(results) == 1:
+        return first
+    errors = [
+        f"stream {st.name!r}: {r.error}"
+        for st, r in zip(streams, results, strict=True)
+        if not r.ok and not r.stopped and r.early_stop is None
+    ]
+    out = dataclasses.replace(
+        first,
+        failed_transactions=sum(r.failed_transactions for r in results),
+        fatal=any(r.fatal for r in results),
+        db_metrics=first.db_metrics,
+    )
+    if first.early_stop is not None:
+        return out
+    if errors:
+        out.ok, out.error, out.stopped = False, "; ".join(errors), False
+    return out
+
+
+def _stream_stats(
+    streams: list[Stream], results: list[BenchResult], warmup_s: float
+) -> tuple[StreamStat, ...]:
+    """Every stream's transactions; () when a log is empty (the per-second level decides)."""
+    stats = []
+    for st, r in zip(streams, results, strict=True):
+        stat = stream_stat(st, r, warmup_s)
+        if stat is None:
+            return ()
+        stats.append(stat)
+    return tuple(stats)
+
+
+def _measurement_of(
+    result: BenchResult | None, error: str | None, streams: tuple[StreamStat, ...] = ()
+) -> Measurement:
     if result is None or error is not None:
         return measurement(result.samples if result else (), error=error or "not measured")
     return measurement(
@@ -938,6 +998,7 @@ def _measurement_of(result: BenchResult | None, error: str | None) -> Measuremen
         p95_samples=result.latency_p95_samples,
         p95=result.latency_p95_ms,
         p99=result.latency_p99_ms,
+        streams=streams,
     )
 
 
@@ -950,6 +1011,7 @@ def _stored_measurement(trial: Trial) -> Measurement:
         p95=trial.latency_p95_ms,
         p99=trial.latency_p99_ms,
         error=error,
+        streams=streams_from_json(trial.evidence),
     )
 
 

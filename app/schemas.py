@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Builtin = Literal["tpcb-like", "simple-update", "select-only"]
+Isolation = Literal["read committed", "repeatable read", "serializable"]
+ObjectiveName = Literal["throughput", "latency_p95", "query_time_geomean", "query_time_total"]
 
 
 class TargetIn(BaseModel):
@@ -79,6 +81,9 @@ class ScriptIn(BaseModel):
 class WorkloadIn(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
+    # which workload (app/workloads.workload_for maps each to its class); the fields below
+    # that a kind does not use are ignored by it
+    kind: Literal["pgbench"] = "pgbench"
     builtin: Builtin | None = "tpcb-like"
     builtin_weight: int = Field(default=1, ge=1, le=1000)
     scripts: list[ScriptIn] | None = Field(default=None, max_length=20)
@@ -96,6 +101,18 @@ class WorkloadIn(BaseModel):
     # do under plain pgbench; "prepared" is faster but an explicit choice.
     protocol: Literal["simple", "extended", "prepared"] = "simple"
     rate: float | None = Field(default=None, gt=0, description="Target tps (pgbench -R).")
+    isolation: Isolation | None = Field(
+        default=None,
+        description="default_transaction_isolation of the benchmark's sessions "
+        "(default: the server's).",
+    )
+    max_tries: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="pgbench --max-tries: tries of a transaction that hit a serialization "
+        "failure or deadlock; failures that ran out of tries count against the config.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkloadIn:
@@ -130,7 +147,30 @@ class SessionIn(BaseModel):
     )
     workload: WorkloadIn = Field(default_factory=WorkloadIn)
     workload_kind: Literal["write-heavy", "read-heavy", "mixed"] | None = None
-    objective: Literal["throughput", "latency_p95"] = "throughput"
+    objective: ObjectiveName = Field(
+        default="throughput",
+        description="What a run's level is, from its transactions: throughput, latency_p95, "
+        "query_time_geomean (geometric mean of the mean time per query / transaction type) "
+        "or query_time_total (their sum). Times: lower is better.",
+    )
+    objective_stream: str | None = Field(
+        default=None,
+        max_length=100,
+        description="With several streams: judge this stream only (default: all, by "
+        "stream_weights).",
+    )
+    stream_weights: dict[str, float] | None = Field(
+        default=None,
+        max_length=20,
+        description="With several streams: weights of the weighted geometric mean of their "
+        "levels (default 1 each).",
+    )
+    p95_limits: dict[str, float] | None = Field(
+        default=None,
+        max_length=20,
+        description="Per stream: the largest fraction its p95 latency may worsen by "
+        "(e.g. {'oltp': 0.1}); a candidate beyond it is not kept.",
+    )
     min_gain: float = Field(default=0.02, ge=0.0, le=1.0)
     max_p99_worsening: float | None = Field(default=None, ge=0.0, le=10.0)
     max_trials: int = Field(default=30, ge=1, le=1000)
@@ -167,7 +207,23 @@ class SessionIn(BaseModel):
                 f"final_check_runs must be even (runs alternate A B B A ...), "
                 f"not {self.final_check_runs}"
             )
+        if self.objective_stream is not None and self.stream_weights:
+            raise ValueError(
+                "give objective_stream (judge one stream) or stream_weights (combine them), "
+                "not both"
+            )
+        for name, w in (self.stream_weights or {}).items():
+            if not w > 0:
+                raise ValueError(f"stream_weights[{name!r}] must be > 0, not {w}")
+        for name, x in (self.p95_limits or {}).items():
+            if not x >= 0:
+                raise ValueError(f"p95_limits[{name!r}] must be >= 0 (a fraction), not {x}")
         return self
+
+    def stream_names_used(self) -> list[str]:
+        """Stream names the request refers to (checked against the workload's streams)."""
+        named = [self.objective_stream] if self.objective_stream else []
+        return [*named, *(self.stream_weights or {}), *(self.p95_limits or {})]
 
 
 class Progress(BaseModel):
@@ -191,6 +247,8 @@ class SessionOut(BaseModel):
     gain_status: str | None
     gain_p_value: float | None
     gain_ci: list[float] | None  # 95% interval of gain
+    # what `gain` measures, in words: "throughput +12.0%", "query time -23.0%"
+    gain_text: str | None = None
     best_config: dict[str, str] | None
     live_tps: list[float]
     error: str | None
@@ -200,6 +258,12 @@ class SessionOut(BaseModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    # best config vs the start from the final check's runs, per stream and label:
+    # mean latency before -> after, ratio and 95% interval (None before there is a pair)
+    per_label: list[dict[str, Any]] | None = None
+    # per stream, baseline and best: tps, mean / p95 / p99 latency, failed
+    per_stream: list[dict[str, Any]] | None = None
+    per_label_status: str | None = None  # "confirmed by the final check" / "not confirmed"
 
 
 class TrialOut(BaseModel):
@@ -214,6 +278,8 @@ class TrialOut(BaseModel):
     p_value: float | None
     ci: list[float] | None  # 95% interval of gain, when a verdict was reached
     drift: bool  # this run moved against the same config's previous run beyond the noise
+    # per stream, from its transactions: tps, mean / p95 / p99 latency, transactions, failed
+    streams: list[dict[str, Any]] = Field(default_factory=list)
     host: dict[str, Any]  # the service host's load while it ran (local targets)
     reason: str | None
     metrics: dict[str, Any]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import shutil
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +17,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 
 from app.db import Database, utcnow
+from app.evidence import figures, per_label, per_stream, streams_from_json
 from app.models import ACTIVE_STATUSES, Schedule, Target, Trial, TuningSession
 from app.postgres.sandbox import PostgresNotInstalled, Sandbox, SandboxError, free_port
 from app.postgres.target import ConnectError, TargetController, TargetError, mask_dsn
@@ -34,10 +37,13 @@ from app.tuning import (
     RequestError,
     build_space,
     check_session_budget,
+    check_streams,
+    gain_text,
     hardware_from,
     rows_from_json,
     rows_to_json,
 )
+from app.workloads import workload_for
 from optimizer.catalogue import CATALOGUE
 from optimizer.render import Recommendation, render_conf, render_json, render_sql
 
@@ -318,6 +324,8 @@ def validate_session(target: Target, body: SessionIn) -> None:
         hw = hardware_from(target.ram_bytes, target.cpus)
         build_space(body, rows, hw)
         check_session_budget(body)
+        # stream names exist once the workload is built: a typo is a 422 now
+        check_streams(body, [st.name for st in workload_for(body.workload).streams()])
     except RequestError as exc:
         raise ServiceError(422, str(exc)) from exc
 
@@ -435,8 +443,13 @@ def _trial_counts(db: Database, session_ids: list[int]) -> dict[int, tuple[int, 
 
 
 def session_out(
-    db: Database, sess: TuningSession, counts: dict[int, tuple[int, float | None]] | None = None
+    db: Database,
+    sess: TuningSession,
+    counts: dict[int, tuple[int, float | None]] | None = None,
+    *,
+    detail: bool = True,
 ) -> SessionOut:
+    """A session for the API; ``detail``: with the per-label and per-stream tables."""
     counts = counts if counts is not None else _trial_counts(db, [sess.id])
     done, per_trial = counts.get(sess.id, (0, None))
     elapsed = None
@@ -449,6 +462,9 @@ def session_out(
         duration = float(sess.request.get("workload", {}).get("duration_s", 60))
         eta = round(max(planned - done, 0) * (per_trial or duration), 1)
     live = (sess.live or {}).get("tps", []) if sess.status == "running" else []
+    labels, streams, status = (
+        best_vs_start(sess, list_trials(db, sess.id)) if detail else (None, None, None)
+    )
     return SessionOut(
         id=sess.id,
         target_id=sess.target_id,
@@ -461,6 +477,10 @@ def session_out(
         gain_status=sess.gain_status,
         gain_p_value=sess.gain_p_value,
         gain_ci=_interval(sess.gain_ci_low, sess.gain_ci_high),
+        gain_text=gain_text(str(sess.request.get("objective", "throughput")), sess.gain),
+        per_label=labels,
+        per_stream=streams,
+        per_label_status=status,
         best_config=sess.best_config,
         live_tps=live,
         error=sess.error,
@@ -473,9 +493,39 @@ def session_out(
     )
 
 
+def best_vs_start(
+    sess: TuningSession, trials: list[Trial]
+) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None, str | None]:
+    """The best config against the start per stream and label, from the runs' transactions.
+
+    From the final check's side-by-side runs when it ran (final-baseline vs
+    final-incumbent); otherwise from every successful run of the start and of the best
+    config, minutes apart, and marked "not confirmed". (None, None, None) without evidence.
+    """
+    ok = [t for t in trials if t.error is None and t.verdict != "rejected" and t.evidence]
+    before = [s for t in ok if t.role == "final-baseline" for s in streams_from_json(t.evidence)]
+    after = [s for t in ok if t.role == "final-incumbent" for s in streams_from_json(t.evidence)]
+    status = "measured by the final check, side by side"
+    if not (before and after):
+        start, best = sess.start_config, sess.best_config
+        if not start:
+            return None, None, None
+        before = [s for t in ok if t.config == start for s in streams_from_json(t.evidence)]
+        after = []
+        if best and best != start:
+            after = [s for t in ok if t.config == best for s in streams_from_json(t.evidence)]
+        status = "not confirmed: the final check did not run; runs minutes apart"
+    if not before:
+        return None, None, None
+    table = per_stream("start", before) + per_stream("best", after)
+    if not after:
+        return None, table, None
+    return [c.to_json() for c in per_label(before, after)], table, status
+
+
 def sessions_out(db: Database, sessions: list[TuningSession]) -> list[SessionOut]:
     counts = _trial_counts(db, [x.id for x in sessions])
-    return [session_out(db, x, counts) for x in sessions]
+    return [session_out(db, x, counts, detail=False) for x in sessions]
 
 
 def list_trials(db: Database, session_id: int) -> list[Trial]:
@@ -503,6 +553,7 @@ def trial_out(t: Trial) -> TrialOut:
         "per_second": samples,
     }
     return TrialOut(
+        streams=[figures(st) for st in streams_from_json(t.evidence)],
         index=t.index,
         role=t.role,
         knob=t.knob,
@@ -563,7 +614,15 @@ def recommendation(db: Database, session_id: int) -> Recommendation:
             + ", ".join(f"{k}={sess.best_config[k]}" for k in unsafe)
             + "); a crash can lose committed transactions or corrupt data where they are off"
         )
+    objective = str(sess.request.get("objective", "throughput"))
+    said = gain_text(objective, sess.gain)
+    if said and objective != "throughput":
+        # the claim line below gives "fraction better"; for times, say it as time saved
+        header["objective"] = f"{objective}: {said} (a gain below is the fraction of time saved)"
+    labels, streams, status = best_vs_start(sess, trials)
+    header.update(evidence_header(labels, streams, status))
     return Recommendation.from_trials(
+        objective=objective,
         original=sess.start_config,
         recommended=sess.best_config,
         trials=_verdict_rows(trials, sess.start_config),
@@ -609,12 +668,52 @@ def _check_text(trials: list[Trial]) -> str | None:
     return f"{a} + {len(runs) - a} side-by-side runs" if runs else None
 
 
+def evidence_header(
+    labels: list[dict[str, Any]] | None, streams: list[dict[str, Any]] | None, status: str | None
+) -> dict[str, str]:
+    """Per-label and per-stream lines for an export's header (comments in conf and sql)."""
+    out: dict[str, str] = {}
+    for row in streams or []:
+        out[f"stream {row['stream']} ({row['config']})"] = stream_line(row)
+    if labels:
+        out["mean latency per label, best vs start"] = status or ""
+        for c in labels:
+            out[f"  {c['stream']}/{c['label']}"] = label_line(c)
+    return out
+
+
+def _ms(x: Any) -> str:
+    return "-" if x is None else f"{float(x):.3g} ms"
+
+
+def stream_line(row: Mapping[str, Any]) -> str:
+    tps = "-" if row.get("tps") is None else f"{row['tps']:.4g}"
+    failed = "-" if row.get("failed") is None else f"{row['failed']:g}"
+    return (
+        f"tps {tps}, mean {_ms(row.get('mean_ms'))}, p95 {_ms(row.get('p95_ms'))}, "
+        f"p99 {_ms(row.get('p99_ms'))}, failed {failed} ({row.get('runs', 0)} runs)"
+    )
+
+
+def label_line(c: Mapping[str, Any]) -> str:
+    change = "-" if c.get("change") is None else f"{c['change']:+.1%}"
+    ci = c.get("ci")
+    interval = f" [{ci[0] - 1:+.1%}, {ci[1] - 1:+.1%}]" if ci else ""
+    return f"{_ms(c.get('before_ms'))} -> {_ms(c.get('after_ms'))} {change}{interval}"
+
+
 def export(db: Database, session_id: int, fmt: str) -> str:
     rec = recommendation(db, session_id)
     if fmt == "sql":
         return render_sql(rec)
     if fmt == "json":
-        return render_json(rec)
+        doc = json.loads(render_json(rec))
+        sess = get_session(db, session_id)
+        labels, streams, status = best_vs_start(sess, list_trials(db, session_id))
+        objective = str(sess.request.get("objective", "throughput"))
+        doc["gain_text"] = gain_text(objective, sess.gain)
+        doc["per_label"], doc["per_stream"], doc["per_label_status"] = labels, streams, status
+        return json.dumps(doc, indent=2, allow_nan=False) + "\n"
     return render_conf(rec)
 
 

@@ -21,6 +21,7 @@ from optimizer.descent import (
     Measurement,
     check_budget,
 )
+from optimizer.evidence import Objective, StreamStat
 from optimizer.heuristic import pgtune
 from optimizer.knobs import Config, Knob, KnobError, KnobValueError, SettingRow
 
@@ -139,7 +140,7 @@ def make_optimizer(
         space,
         start,
         seed=seed,
-        objective=body.objective,
+        objective=objective_of(body),
         min_gain=body.min_gain,
         max_p99_worsening=body.max_p99_worsening,
         max_trials=body.max_trials,
@@ -149,6 +150,42 @@ def make_optimizer(
         hints=hints,
         final_runs=body.final_check_runs,
     )
+
+
+def objective_of(body: SessionIn) -> Objective:
+    """The request's objective, and how several streams combine into it."""
+    return Objective(
+        kind=body.objective,
+        primary=body.objective_stream,
+        weights=dict(body.stream_weights or {}),
+        p95_limits=dict(body.p95_limits or {}),
+    )
+
+
+def check_streams(body: SessionIn, names: Sequence[str]) -> None:
+    """RequestError when the request names a stream its workload does not have."""
+    known = list(names)
+    for name in body.stream_names_used():
+        if name not in known:
+            raise RequestError(
+                f"unknown stream {name!r} in objective_stream/stream_weights/p95_limits: "
+                f"this workload's streams are {', '.join(repr(n) for n in known)}"
+            )
+
+
+def gain_text(objective: str, gain: float | None) -> str | None:
+    """What a gain is in words: "throughput +12.0%", "query time -23.0%" (time saved)."""
+    if gain is None:
+        return None
+    if objective == "throughput":
+        return f"throughput {gain:+.1%}"
+    what = "p95 latency" if objective == "latency_p95" else "query time"
+    if objective == "query_time_geomean":
+        what = "query time (geometric mean)"
+    elif objective == "query_time_total":
+        what = "query time (total)"
+    # a gain of g on a time means the time fell by g
+    return f"{what} {-gain:+.1%}"
 
 
 def check_session_budget(body: SessionIn) -> None:
@@ -213,7 +250,9 @@ def measurement(
     p95: float | None = None,
     p99: float | None = None,
     error: str | None = None,
+    streams: Sequence[StreamStat] = (),
 ) -> Measurement:
+    """A run for the optimizer; with ``streams`` its level comes from the transactions."""
     return Measurement(
         samples=tuple(samples),
         latency_p95_ms=p95,
@@ -221,6 +260,7 @@ def measurement(
         latency_p95_samples=tuple(p95_samples),
         failed=error is not None,
         error=error,
+        streams=tuple(streams) if error is None else (),
     )
 
 

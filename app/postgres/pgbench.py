@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -670,6 +670,86 @@ def run_bench(
         return BenchResult.failure(f"cannot write pgbench's files in {rundir}: {exc}", fatal=True)
     finally:
         shutil.rmtree(rundir, ignore_errors=True)
+
+
+def run_streams(
+    dsn: str,
+    specs: Sequence[BenchSpec],
+    *,
+    on_sample: Callable[[float, float], None] | None = None,
+    stop: threading.Event | None = None,
+    workdir: Path | None = None,
+    watch: Callable[[ProgressSample], str | None] | None = None,
+    app_name: str | None = None,
+) -> list[BenchResult]:
+    """Several pgbench processes at once (a workload's streams), one :func:`run_bench` each.
+
+    The first stream feeds ``on_sample`` and ``watch``. ``stop``, an early stop of the
+    first stream, or a failure of any stream ends them all: a stream that was ended
+    because of another comes back ``stopped=True`` (the one that failed says why).
+    Results are in the order of ``specs``.
+    """
+    if not specs:
+        raise ValueError("a run needs at least one stream")
+    for spec in specs:
+        spec.validate()
+    if len(specs) == 1:
+        only = run_bench(
+            dsn,
+            specs[0],
+            on_sample=on_sample,
+            stop=stop,
+            workdir=workdir,
+            watch=watch,
+            app_name=app_name,
+        )
+        return [only]
+    end_all = threading.Event()
+    results: list[BenchResult | None] = [None] * len(specs)
+    done = threading.Event()
+
+    def one(i: int) -> None:
+        try:
+            r = run_bench(
+                dsn,
+                specs[i],
+                on_sample=on_sample if i == 0 else None,
+                stop=end_all,
+                workdir=workdir,
+                watch=watch if i == 0 else None,
+                app_name=app_name,
+            )
+        except Exception as exc:  # an invalid spec was caught above; anything else: a failure
+            log.exception("stream %d of a run failed", i)
+            r = BenchResult.failure(f"stream {i + 1}: {exc}")
+        results[i] = r
+        if not r.ok:
+            end_all.set()  # a failed or early-stopped stream ends the run
+
+    threads = [
+        threading.Thread(target=one, args=(i,), name=f"pgbench-stream-{i}", daemon=True)
+        for i in range(len(specs))
+    ]
+    for t in threads:
+        t.start()
+
+    def relay() -> None:  # the caller's stop ends every stream
+        while not done.is_set():
+            if stop is not None and stop.wait(0.1):
+                end_all.set()
+                return
+            if stop is None:
+                done.wait(0.5)
+
+    relayer = threading.Thread(target=relay, daemon=True)
+    relayer.start()
+    for t in threads:
+        t.join()
+    done.set()
+    relayer.join(timeout=2)
+    out = [r for r in results if r is not None]
+    assert len(out) == len(specs)
+    return out
 
 
 def _run(
