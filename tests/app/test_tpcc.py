@@ -1,0 +1,213 @@
+"""TPC-C on a real sandbox at 1 warehouse: loader, transactions, the pgbench mix."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import psycopg
+import pytest
+
+from app.postgres.pgbench import BenchResult, BenchSpec, run_bench
+from app.postgres.sandbox import Sandbox
+from app.workloads.base import Stream, WorkloadError
+from app.workloads.tpcc import TRANSACTION_MIX, Tpcc, tpm_c
+
+DB = "knobtune_tpcc_test"
+
+
+@pytest.fixture(scope="module")
+def dsn(sandbox: Sandbox) -> Iterator[str]:
+    """A database of its own in the session sandbox, loaded once at 1 warehouse (~17 s)."""
+    with psycopg.connect(sandbox.dsn, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {DB}")
+        conn.execute(f"CREATE DATABASE {DB}")
+    url = sandbox.dsn.replace("dbname=postgres", f"dbname={DB}")
+    note = Tpcc(warehouses=1).prepare(url)
+    assert note is not None
+    assert note.startswith("TPC-C 1 warehouse loaded: ")
+    yield url
+    with psycopg.connect(sandbox.dsn, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+
+
+def _one(dsn: str, sql: str) -> object:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(sql).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def _bench(dsn: str, stream: Stream, seconds: int, clients: int) -> BenchResult:
+    spec = BenchSpec(
+        builtin=None,
+        scripts=[(s.sql, s.weight) for s in stream.scripts],
+        clients=clients,
+        jobs=1,
+        duration_s=seconds,
+        warmup_s=0,
+        protocol=stream.protocol,
+        defines=dict(stream.defines),
+        max_tries=stream.max_tries,
+        isolation=stream.isolation,
+    )
+    return run_bench(dsn, spec)
+
+
+def test_loader_follows_the_spec_cardinalities(dsn: str) -> None:
+    counts = {
+        t: _one(dsn, f"SELECT count(*) FROM {t}")
+        for t in ("item", "warehouse", "district", "customer", "history", "stock", "orders")
+    }
+    assert counts == {
+        "item": 100_000,
+        "warehouse": 1,
+        "district": 10,
+        "customer": 30_000,
+        "history": 30_000,
+        "stock": 100_000,
+        "orders": 30_000,
+    }
+    assert _one(dsn, "SELECT count(*) FROM new_order") == 9_000
+    assert _one(dsn, "SELECT min(no_o_id) FROM new_order") == 2101
+    lines = _one(dsn, "SELECT count(*) FROM order_line")
+    assert isinstance(lines, int)
+    assert 290_000 < lines < 310_000  # 5..15 per order, 10 on average
+    assert _one(dsn, "SELECT sum(o_ol_cnt) FROM orders") == lines
+    # every customer of a district has exactly one order (a permutation)
+    assert _one(dsn, "SELECT count(DISTINCT (o_d_id, o_c_id)) FROM orders") == 30_000
+    # the first 1000 customers of a district carry the 1000 last names in order
+    assert _one(dsn, "SELECT c_last FROM customer WHERE c_d_id = 1 AND c_id = 1") == "BARBARBAR"
+    assert (
+        _one(dsn, "SELECT c_last FROM customer WHERE c_d_id = 1 AND c_id = 372") == "PRICALLYOUGHT"
+    )
+    names = _one(dsn, "SELECT count(DISTINCT c_last) FROM customer WHERE c_d_id = 1")
+    assert names == 1000
+    # ~10% ORIGINAL in item and stock data, ~10% bad credit
+    for sql in (
+        "SELECT avg((i_data LIKE '%ORIGINAL%')::int) FROM item",
+        "SELECT avg((s_data LIKE '%ORIGINAL%')::int) FROM stock",
+        "SELECT avg((c_credit = 'BC')::int) FROM customer",
+    ):
+        share = float(str(_one(dsn, sql)))
+        assert 0.08 < share < 0.12, sql
+    # NURand skews the non-sequential last names: the most common one is far above 1/1000
+    top = _one(
+        dsn,
+        "SELECT max(n) FROM (SELECT count(*) n FROM customer WHERE c_id > 1000 GROUP BY c_last) t",
+    )
+    assert isinstance(top, int)
+    assert top > 3 * 20_000 / 1000
+
+
+def test_second_prepare_reuses_and_a_new_count_is_validated(dsn: str) -> None:
+    assert Tpcc(warehouses=1).prepare(dsn) == "TPC-C 1 warehouse re-used"
+    with pytest.raises(WorkloadError, match="warehouses must be >= 1"):
+        Tpcc(warehouses=0)
+    with pytest.raises(WorkloadError, match="protocol"):
+        Tpcc(protocol="fast")
+
+
+def test_new_order_commits_and_rolls_back_on_an_unused_item(dsn: str) -> None:
+    with psycopg.connect(dsn) as conn:
+        before = conn.execute("SELECT d_next_o_id FROM district WHERE d_id = 3").fetchone()
+        assert before is not None
+        ok = conn.execute("SELECT tpcc_new_order(1, 3, 42, 7, 1, 1)").fetchone()
+        assert ok == (0,)  # rbk = 1: the last item is unused
+        conn.rollback()
+        after = conn.execute("SELECT d_next_o_id FROM district WHERE d_id = 3").fetchone()
+        assert after == before
+        ok = conn.execute("SELECT tpcc_new_order(1, 3, 42, 7, 50, 1)").fetchone()
+        assert ok == (1,)
+        conn.commit()
+        o_id = before[0]
+        row = conn.execute(
+            "SELECT o_c_id, o_ol_cnt, (SELECT count(*) FROM order_line WHERE ol_d_id = 3 "
+            "AND ol_o_id = %s), (SELECT count(*) FROM new_order WHERE no_d_id = 3 "
+            "AND no_o_id = %s) FROM orders WHERE o_d_id = 3 AND o_id = %s",
+            (o_id, o_id, o_id),
+        ).fetchone()
+        assert row == (42, 7, 7, 1)
+
+
+def test_delivery_delivers_the_oldest_order_of_each_district(dsn: str) -> None:
+    with psycopg.connect(dsn) as conn:
+        oldest = conn.execute(
+            "SELECT no_d_id, min(no_o_id) FROM new_order GROUP BY no_d_id ORDER BY 1"
+        ).fetchall()
+        assert conn.execute("SELECT tpcc_delivery(1, 7)").fetchone() == (10,)
+        conn.commit()
+        for d, o in oldest:
+            row = conn.execute(
+                "SELECT o_carrier_id, (SELECT count(*) FROM new_order WHERE no_d_id = %s "
+                "AND no_o_id = %s), (SELECT bool_and(ol_delivery_d IS NOT NULL) FROM "
+                "order_line WHERE ol_d_id = %s AND ol_o_id = %s) FROM orders "
+                "WHERE o_d_id = %s AND o_id = %s",
+                (d, o, d, o, d, o),
+            ).fetchone()
+            assert row == (7, 0, True)
+
+
+def test_each_script_runs_alone_and_commits(dsn: str) -> None:
+    stream = Tpcc().streams()[0]
+    for script in stream.scripts:
+        commits = _one(
+            dsn, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        )
+        spec = BenchSpec(
+            builtin=None,
+            scripts=[(script.sql, 1)],
+            clients=1,
+            jobs=1,
+            duration_s=1,
+            warmup_s=0,
+            defines=dict(stream.defines),
+        )
+        res = run_bench(dsn, spec)
+        assert res.ok, (script.name, res.error)
+        assert res.transactions > 5, script.name
+        assert res.failed_transactions == 0, script.name
+        # committed work reached the server (statistics lag by up to 0.5 s)
+        with psycopg.connect(dsn) as conn:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            after = conn.execute(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+            ).fetchone()
+        assert after is not None
+        assert isinstance(commits, int)
+        assert after[0] > commits, script.name
+
+
+def test_a_short_run_follows_the_mix(dsn: str) -> None:
+    stream = Tpcc(protocol="prepared").streams()[0]
+    assert [s.name for s in stream.scripts] == list(TRANSACTION_MIX)
+    res = _bench(dsn, stream, seconds=6, clients=4)
+    assert res.ok, res.error
+    assert res.tx is not None
+    n = len(res.tx)
+    assert n > 500
+    counts = np.bincount(res.tx.script, minlength=5)
+    for i, (name, p) in enumerate(stream.design_weights().items()):
+        # binomial: 4.5 standard deviations, so a correct mix fails ~1 run in 100,000
+        tol = 4.5 * math.sqrt(p * (1 - p) / n)
+        assert abs(counts[i] / n - p) < tol, (name, counts[i] / n, p)
+    new_orders = int(counts[0])
+    assert tpm_c(new_orders, 6.0) == pytest.approx(new_orders * 10)
+
+
+def test_serializable_with_retries_counts_failures_and_goes_on(dsn: str) -> None:
+    stream = Tpcc(isolation="serializable", max_tries=5).streams()[0]
+    res = _bench(dsn, stream, seconds=4, clients=4)
+    assert res.ok, res.error
+    assert res.summary is not None
+    assert res.transactions > 100
+    # payments all update warehouse 1: concurrent ones conflict under serializable
+    retried = res.summary.retried or 0
+    assert retried + res.failed_transactions > 0
+
+
+def test_tpm_c_rejects_bad_input() -> None:
+    assert tpm_c(1200, 120.0) == 600.0
+    with pytest.raises(ValueError, match="seconds must be > 0"):
+        tpm_c(10, 0)
