@@ -15,27 +15,13 @@ from app.postgres.pgbench import BenchSpec, run_bench
 from app.postgres.sandbox import Sandbox
 from app.workloads.base import Script, Stream, WorkloadError
 from app.workloads.chbench import QUERIES, Chbench, sequence_script
-
-DB = "knobtune_chbench_test"
+from tests.app.tpcc_db import ch_template_fixture, copy_of_template  # noqa: F401
 
 
 @pytest.fixture(scope="module")
-def dsn(sandbox: Sandbox) -> Iterator[str]:
-    """A database of its own in the session sandbox, loaded once (~10-20 s)."""
-    with psycopg.connect(sandbox.dsn, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB}")
-        conn.execute(f"CREATE DATABASE {DB}")
-    url = sandbox.dsn.replace("dbname=postgres", f"dbname={DB}")
-    note = Chbench().prepare(url)
-    assert note is not None
-    assert re.fullmatch(
-        r"CH-benCHmark: TPC-C 1 warehouse loaded: [\d,]+ rows in \d+ s; "
-        r"CH tables loaded in \d+ s",
-        note,
-    ), note
-    yield url
-    with psycopg.connect(sandbox.dsn, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+def dsn(sandbox: Sandbox, ch_template: str) -> Iterator[str]:
+    """This module's copy of the session's 1-warehouse load (tests/app/tpcc_db.py)."""
+    yield from copy_of_template(sandbox, "knobtune_chbench_test")
 
 
 def _one(dsn: str, sql: str) -> object:
@@ -43,6 +29,14 @@ def _one(dsn: str, sql: str) -> object:
         row = conn.execute(sql).fetchone()
     assert row is not None
     return row[0]
+
+
+def test_one_load_says_what_it_loaded(ch_template: str) -> None:
+    assert re.fullmatch(
+        r"CH-benCHmark: TPC-C 1 warehouse loaded: [\d,]+ rows in \d+ s; "
+        r"CH tables loaded in \d+ s",
+        ch_template,
+    ), ch_template
 
 
 def test_extra_tables_and_the_supplier_mapping(dsn: str) -> None:

@@ -13,23 +13,13 @@ from app.postgres.pgbench import BenchResult, BenchSpec, run_bench
 from app.postgres.sandbox import Sandbox
 from app.workloads.base import Stream, WorkloadError
 from app.workloads.tpcc import TRANSACTION_MIX, Tpcc, tpm_c
-
-DB = "knobtune_tpcc_test"
+from tests.app.tpcc_db import ch_template_fixture, copy_of_template  # noqa: F401
 
 
 @pytest.fixture(scope="module")
-def dsn(sandbox: Sandbox) -> Iterator[str]:
-    """A database of its own in the session sandbox, loaded once at 1 warehouse (~17 s)."""
-    with psycopg.connect(sandbox.dsn, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB}")
-        conn.execute(f"CREATE DATABASE {DB}")
-    url = sandbox.dsn.replace("dbname=postgres", f"dbname={DB}")
-    note = Tpcc(warehouses=1).prepare(url)
-    assert note is not None
-    assert note.startswith("TPC-C 1 warehouse loaded: ")
-    yield url
-    with psycopg.connect(sandbox.dsn, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+def dsn(sandbox: Sandbox, ch_template: str) -> Iterator[str]:
+    """This module's copy of the session's 1-warehouse load (tests/app/tpcc_db.py)."""
+    yield from copy_of_template(sandbox, "knobtune_tpcc_test")
 
 
 def _one(dsn: str, sql: str) -> object:
