@@ -520,7 +520,9 @@ class Tpcc:
     def prepare(self, dsn: str) -> str | None:
         """Load the data unless a finished load at this warehouse count is there.
 
-        One warehouse loads in ~17 s (598,000 rows, 120 MB) on a 2-core sandbox;
+        One warehouse (~600,000 rows, 120 MB) loads in 9 s on an idle 2-core sandbox
+        and ~30 s with the cores busy; 4 warehouses (2.1 M rows, 421 MB) in 52 s busy
+        (bench/tpcc.py);
         the functions are (re)installed every time, so a re-used database runs today's
         transaction code.
         """

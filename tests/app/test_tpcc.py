@@ -12,7 +12,7 @@ import pytest
 from app.postgres.pgbench import BenchResult, BenchSpec, run_bench
 from app.postgres.sandbox import Sandbox
 from app.workloads.base import Stream, WorkloadError
-from app.workloads.tpcc import TRANSACTION_MIX, Tpcc, tpm_c
+from app.workloads.tpcc import MARKER, TRANSACTION_MIX, Tpcc, loaded_warehouses, tpm_c
 from tests.app.tpcc_db import ch_template_fixture, copy_of_template  # noqa: F401
 
 
@@ -91,8 +91,18 @@ def test_loader_follows_the_spec_cardinalities(dsn: str) -> None:
     assert top > 3 * 20_000 / 1000
 
 
-def test_second_prepare_reuses_and_a_new_count_is_validated(dsn: str) -> None:
+def test_second_prepare_reuses_only_a_finished_load_of_that_size(dsn: str) -> None:
     assert Tpcc(warehouses=1).prepare(dsn) == "TPC-C 1 warehouse re-used"
+    with psycopg.connect(dsn) as conn:
+        assert loaded_warehouses(conn, MARKER) == 1
+        # the marker row is written by the load's own transaction: without it (a load
+        # that did not commit) or with another count, prepare() loads afresh
+        conn.execute(f"DELETE FROM {MARKER}")
+        assert loaded_warehouses(conn, MARKER) is None
+        conn.rollback()
+        conn.execute(f"ALTER TABLE {MARKER} RENAME TO knobtune_tpcc_gone")
+        assert loaded_warehouses(conn, MARKER) is None
+        conn.rollback()
     with pytest.raises(WorkloadError, match="warehouses must be >= 1"):
         Tpcc(warehouses=0)
     with pytest.raises(WorkloadError, match="protocol"):
