@@ -76,9 +76,7 @@ class Stream:
             for name in self.sequence:
                 out[name] = out.get(name, 0.0) + share
             return out
-        weights = ([self.builtin_weight] if self.builtin else []) + [
-            s.weight for s in self.scripts
-        ]
+        weights = ([self.builtin_weight] if self.builtin else []) + [s.weight for s in self.scripts]
         total = float(sum(weights))
         return {n: w / total for n, w in zip(self.script_names(), weights, strict=True)}
 
