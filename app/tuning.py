@@ -22,7 +22,7 @@ from optimizer.descent import (
     check_budget,
 )
 from optimizer.evidence import Objective, StreamStat
-from optimizer.heuristic import pgtune
+from optimizer.heuristic import db_type_for, pgtune
 from optimizer.knobs import Config, Knob, KnobError, KnobValueError, SettingRow
 
 
@@ -114,7 +114,8 @@ def hints_for(body: SessionIn, space: Sequence[Knob], hw: Hardware) -> Config | 
     if body.start != "current" or not body.hints:
         return None
     names = {k.name for k in space}
-    return {k: v for k, v in pgtune(hw, "mixed").items() if k in names}
+    tuned = pgtune(hw, db_type_for(workload_kind(body)))
+    return {k: v for k, v in tuned.items() if k in names}
 
 
 def start_config(
@@ -122,7 +123,8 @@ def start_config(
 ) -> Config:
     """The config the descent starts from: the server's current values, or PGTune-style."""
     config: Config = {}
-    heuristic = pgtune(hw, "mixed") if body.start == "heuristic" else {}
+    kind = workload_kind(body)
+    heuristic = pgtune(hw, db_type_for(kind)) if body.start == "heuristic" else {}
     for knob in space:
         text = heuristic.get(knob.name) or effective.get(knob.name) or knob.default
         value = knob.parse(text)

@@ -40,7 +40,7 @@ class Hardware:
             raise KnobError(f"max_connections={self.max_connections}: must be at least 1")
 
 
-WorkloadKind = Literal["write-heavy", "read-heavy", "mixed"]
+WorkloadKind = Literal["write-heavy", "read-heavy", "mixed", "analytics"]
 
 Bounds = Callable[[Hardware], tuple[float, float]]
 
@@ -167,6 +167,8 @@ _SPECS: tuple[KnobSpec, ...] = (
              description="planner's estimate of total cache (no allocation)"),
     KnobSpec("work_mem", "integer", "kB", "user", "4MB", _work_mem,
              description="memory per sort/hash before spilling to disk"),
+    KnobSpec("hash_mem_multiplier", "real", None, "user", "2", _fixed(1.0, 8.0),
+             description="hash tables may use work_mem times this before spilling"),
     KnobSpec("maintenance_work_mem", "integer", "kB", "user", "64MB", _mwm,
              description="memory for VACUUM, CREATE INDEX"),
     KnobSpec("autovacuum_work_mem", "integer", "kB", "sighup", "-1", _av_work_mem,
@@ -221,6 +223,18 @@ _SPECS: tuple[KnobSpec, ...] = (
              description="histogram detail collected by ANALYZE"),
     KnobSpec("jit", "bool", None, "user", "on", _fixed(0, 0), step="ordered",
              description="JIT-compile expressions of expensive queries"),
+    KnobSpec("jit_above_cost", "real", None, "user", "100000", _fixed(10_000, 10_000_000),
+             step_size=4.0, description="plan cost above which a query is JIT-compiled"),
+    KnobSpec("jit_inline_above_cost", "real", None, "user", "500000",
+             _fixed(50_000, 50_000_000), step_size=4.0,
+             description="plan cost above which JIT inlines functions"),
+    KnobSpec("jit_optimize_above_cost", "real", None, "user", "500000",
+             _fixed(50_000, 50_000_000), step_size=4.0,
+             description="plan cost above which JIT runs the expensive optimisations"),
+    KnobSpec("parallel_setup_cost", "real", None, "user", "1000", _fixed(10.0, 100_000.0),
+             step_size=4.0, description="planner cost of starting parallel workers"),
+    KnobSpec("parallel_tuple_cost", "real", None, "user", "0.1", _fixed(0.001, 1.0),
+             step_size=4.0, description="planner cost of passing a row from a worker"),
     KnobSpec("max_parallel_workers_per_gather", "integer", None, "user", "2", _gather,
              floor=1, description="parallel workers per query node"),
     KnobSpec("max_parallel_workers", "integer", None, "user", "8", _workers, floor=1,
@@ -281,6 +295,35 @@ _DEFAULT_SETS: Mapping[WorkloadKind, tuple[str, ...]] = MappingProxyType(
             "effective_cache_size",
             "max_wal_size",
             "max_parallel_workers_per_gather",
+        ),
+        # Long reporting queries (scans, sorts, hashes over millions of rows) at a few
+        # clients: memory per operation first, then parallelism, JIT, the planner's
+        # costs, and shared_buffers last (a restart and a re-warm per trial).
+        "analytics": (
+            # spilling sorts and hashes dominate: in the recorded reporting mix
+            # (bench/record_long.py) work_mem 1MB -> 64MB took a NOT IN subplan from
+            # ~1.5 s to ~0.4 s; DESIGN.md measured +40-60% on a sort-heavy query
+            "work_mem",
+            # hash aggregates and hash joins get work_mem x this; more memory for hashes
+            # without letting every sort grow too
+            "hash_mem_multiplier",
+            # a scan over millions of rows scales with workers while CPUs are idle
+            "max_parallel_workers_per_gather",
+            # whether the planner goes parallel at all for mid-sized plans
+            "parallel_setup_cost",
+            "parallel_tuple_cost",
+            # JIT compiles for 50-500 ms per query: pays on CPU-bound long queries,
+            # costs on medium ones; its threshold decides which queries pay it
+            "jit",
+            "jit_above_cost",
+            # index vs sequential scans, bitmap prefetch, the cache the planner assumes
+            "random_page_cost",
+            "effective_io_concurrency",
+            "effective_cache_size",
+            # a restart per trial, and large scans largely bypass it (ring buffers)
+            "shared_buffers",
+            # not default_statistics_target: it acts only after the next ANALYZE, which a
+            # trial does not run, so a trial would measure nothing
         ),
     }
 )

@@ -13,7 +13,7 @@ allocate would not fit the target's RAM with headroom::
 
     need = shared_buffers
          + wal_buffers                       (-1: shared_buffers/32, within [64kB, 16MB])
-         + clients * work_mem * (sort_nodes + hash_nodes * hash_mem_multiplier)
+         + (clients + workers) * work_mem * (sort_nodes + hash_nodes * hash_mem_multiplier)
          + maintenance_work_mem
          + autovacuum_max_workers * min(autovacuum_work_mem or maintenance_work_mem, 1GB)
 
@@ -29,6 +29,15 @@ Why each term (PostgreSQL 15 documentation, "Resource Consumption / Memory"):
   by multiplying work_mem by hash_mem_multiplier"; default 2.0 since PostgreSQL 15).
   ``clients`` is the benchmark's concurrency, and the default hash/sort factor counts one
   sort and one hash node per query: ``1 + hash_mem_multiplier`` (3 by default).
+* parallel workers: each worker of a parallel query is a process with its own sorts and
+  hashes ("each worker process ... may use as much memory as work_mem", "Resource
+  Consumption"; a parallel hash join's shared table is sized for all participants), so
+  ``workers = min(clients * max_parallel_workers_per_gather, max_parallel_workers,
+  max_worker_processes)`` more backends count the same ``work_mem`` factor. The CPU count
+  does not cap them: the planner launches workers whatever the load, so 8 clients on 2
+  CPUs with 4 workers per gather can hold 8 + 8 (max_parallel_workers) sets of work_mem.
+  Short OLTP statements never go parallel, so for them this over-counts; the guard only
+  compares against RAM and against the incumbent, which is counted the same way.
 * maintenance_work_mem: one manual VACUUM / CREATE INDEX at a time, plus "when autovacuum
   runs, up to autovacuum_max_workers times this memory may be allocated" (or
   autovacuum_work_mem when set); VACUUM uses at most 1GB of it for dead tuples.
@@ -72,6 +81,9 @@ _SETTINGS: dict[str, tuple[Kind, str | None, str]] = {
     "autovacuum_work_mem": ("integer", "kB", "-1"),
     "autovacuum_max_workers": ("integer", None, "3"),
     "hash_mem_multiplier": ("real", None, "2.0"),
+    "max_parallel_workers_per_gather": ("integer", None, "2"),
+    "max_parallel_workers": ("integer", None, "8"),
+    "max_worker_processes": ("integer", None, "8"),
 }
 MEMORY_SETTINGS: tuple[str, ...] = tuple(_SETTINGS)
 """Settings the memory guard reads: the service should snapshot all of them."""
@@ -103,6 +115,7 @@ class MemoryEstimate:
     parts: dict[str, int]
     budget: int
     factor: float  # the hash/sort factor applied to work_mem per client
+    workers: int = 0  # parallel workers that may run at once, each with its own work_mem
 
     @property
     def total(self) -> int:
@@ -157,14 +170,22 @@ def estimate_memory(
     avwm = _value(settings, "autovacuum_work_mem")
     per_worker = min(mwm if avwm < 0 else avwm, float(_VACUUM_CAP))
     workers = max(_value(settings, "autovacuum_max_workers"), 0.0)
+    per_gather = max(_value(settings, "max_parallel_workers_per_gather"), 0.0)
+    pool = min(
+        max(_value(settings, "max_parallel_workers"), 0.0),
+        max(_value(settings, "max_worker_processes"), 0.0),
+    )
+    parallel = int(min(clients * per_gather, pool))
     parts = {
         "shared_buffers": int(sb),
         "wal_buffers": int(wal),
         "work_mem": int(clients * wm * factor),
+        "parallel_workers": int(parallel * wm * factor),
         "maintenance_work_mem": int(mwm),
         "autovacuum": int(workers * per_worker),
     }
-    return MemoryEstimate(parts=parts, budget=int(ram_bytes * (1 - m.headroom)), factor=factor)
+    budget = int(ram_bytes * (1 - m.headroom))
+    return MemoryEstimate(parts=parts, budget=budget, factor=factor, workers=parallel)
 
 
 def memory_guard(
@@ -190,7 +211,8 @@ def memory_guard(
     return (
         f"memory guard: would need {cand.describe()} "
         f"({100 * (1 - m.headroom):.0f}% of {_size(ram_bytes)} RAM, work_mem counted "
-        f"{cand.factor:g}x per client for {clients} clients)"
+        f"{cand.factor:g}x per client for {clients} clients"
+        + (f" and {cand.workers} parallel workers)" if cand.workers else ")")
     )
 
 

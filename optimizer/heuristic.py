@@ -20,11 +20,29 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from optimizer.catalogue import CATALOGUE, GB, KB, MB, Hardware
+from optimizer.catalogue import CATALOGUE, GB, KB, MB, Hardware, WorkloadKind
 from optimizer.knobs import Config
 
 DbType = Literal["web", "oltp", "dw", "mixed", "desktop"]
 _DB_TYPES = ("web", "oltp", "dw", "mixed", "desktop")
+
+_DB_TYPE_OF: dict[str, DbType] = {
+    # long scans, sorts and hashes at few clients: PGTune's data warehouse (work_mem
+    # halved per connection but with 500-row statistics, JIT left on, larger WAL)
+    "analytics": "dw",
+    # many short writing transactions (TPC-B, TPC-C): OLTP (full work_mem per
+    # connection share, 8GB max_wal_size, JIT off)
+    "write-heavy": "oltp",
+    # many short reads (select-only): PGTune's web profile is the read-mostly one
+    # (JIT off, like oltp, but a smaller WAL, which reads do not write)
+    "read-heavy": "web",
+    "mixed": "mixed",
+}
+
+
+def db_type_for(kind: WorkloadKind | str) -> DbType:
+    """PGTune's database type for a knobtune workload kind (unknown kinds: "mixed")."""
+    return _DB_TYPE_OF.get(kind, "mixed")
 
 
 def pgtune(

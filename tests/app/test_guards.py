@@ -54,6 +54,7 @@ def test_formula_terms_with_postgresql_defaults() -> None:
         "shared_buffers": 128 * MB,
         "wal_buffers": 4 * MB,
         "work_mem": 10 * 4 * MB * 3,
+        "parallel_workers": 8 * 4 * MB * 3,  # 10 clients x 2 per gather, 8 in the pool
         "maintenance_work_mem": 64 * MB,
         "autovacuum": 3 * 64 * MB,  # autovacuum_work_mem -1: maintenance_work_mem each
     }
@@ -76,6 +77,7 @@ def test_formula_details() -> None:
         {"work_mem": "8MB", "hash_mem_multiplier": "8"}, ram_bytes=2**34, clients=2
     )
     assert hashy.parts["work_mem"] == 2 * 8 * MB * 9
+    assert hashy.parts["parallel_workers"] == 4 * 8 * MB * 9  # 2 workers per client
     capped = estimate_memory(
         {"maintenance_work_mem": "4GB", "autovacuum_work_mem": "-1"}, ram_bytes=2**40, clients=1
     )
@@ -90,13 +92,15 @@ def test_formula_details() -> None:
 
 
 def test_guard_rejects_only_a_growing_config_that_does_not_fit() -> None:
-    ram, clients = 600 * MB, 2  # budget 450MB; the defaults need 412MB
-    big = {**PG15_DEFAULTS, "work_mem": "16MB"}  # 484MB
+    # budget 525MB; the defaults need 460MB (2 clients and their 4 parallel workers)
+    ram, clients = 700 * MB, 2
+    big = {**PG15_DEFAULTS, "work_mem": "16MB"}  # 676MB
     reason = memory_guard(big, PG15_DEFAULTS, ram_bytes=ram, clients=clients)
     assert reason is not None
-    assert reason.startswith("memory guard: would need 484MB")
+    assert reason.startswith("memory guard: would need 676MB")
     assert "work_mem 96MB" in reason
-    assert "3x per client for 2 clients" in reason
+    assert "parallel_workers 192MB" in reason
+    assert "3x per client for 2 clients and 4 parallel workers" in reason
     assert memory_guard(PG15_DEFAULTS, PG15_DEFAULTS, ram_bytes=ram, clients=clients) is None
     # Over budget but smaller than what runs now: never riskier, not rejected.
     assert memory_guard(big, {**big, "work_mem": "32MB"}, ram_bytes=ram, clients=clients) is None
@@ -200,8 +204,9 @@ def test_memory_guard_rejects_before_apply_and_narrows(
     client: TestClient, fresh_sandbox: Sandbox
 ) -> None:
     before = file_settings(fresh_sandbox.dsn)
-    # 600MB declared: budget 450MB. 2 clients at work_mem 4MB need 412MB; the descent's
-    # first step, 16MB, needs 484MB and must never reach the server.
+    # 600MB declared: budget 450MB. 2 clients (and their 4 parallel workers) at work_mem
+    # 4MB need 460MB; the descent's first step, 16MB, needs 676MB and must never reach
+    # the server.
     final, trials = run_session(
         client,
         {"name": "small-ram", "dsn": fresh_sandbox.dsn, "ram_bytes": 600 * MB, "cpus": 2},
@@ -220,7 +225,7 @@ def test_memory_guard_rejects_before_apply_and_narrows(
     assert [t["value"] for t in rejected] == ["16MB"], trials
     r = rejected[0]
     assert r["error"] is None
-    assert r["reason"].startswith("memory guard: would need 484MB")
+    assert r["reason"].startswith("memory guard: would need 676MB")
     assert r["samples"]["n"] == 0
     assert "bench_s" not in r["timings"]
     assert "apply_s" not in r["timings"]  # never applied

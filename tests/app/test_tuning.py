@@ -17,11 +17,20 @@ def session(**kw: object) -> SessionIn:
 
 
 def test_hints_are_the_pgtune_values_of_the_tuned_knobs() -> None:
-    body = session()
+    body = session()  # the default workload, TPC-B, is write-heavy: PGTune's oltp
     space = build_space(body, {}, HW)
     hints = hints_for(body, space, HW)
-    expected = pgtune(HW, "mixed")
+    expected = pgtune(HW, "oltp")
     assert hints == {k: expected[k] for k in KNOBS}
+    assert hints["work_mem"] != pgtune(HW, "mixed")["work_mem"]  # oltp: twice mixed's
+
+
+def test_start_config_takes_pgtune_of_the_workload_kind() -> None:
+    body = session(start="heuristic", workload_kind="read-heavy")
+    space = build_space(body, {}, HW)
+    start = start_config(body, space, {}, HW)
+    web = pgtune(HW, "web")
+    assert start["work_mem"] == web["work_mem"]
 
 
 def test_no_hints_when_asked_or_when_starting_from_the_heuristic() -> None:
@@ -45,6 +54,6 @@ def test_the_first_candidate_after_the_baseline_tries_the_hints_together() -> No
     hints = hints_for(body, space, HW)
     assert hints is not None
     for name in KNOBS:
-        assert space[KNOBS.index(name)].parse(cand.config[name]) == space[
-            KNOBS.index(name)
-        ].parse(hints[name])
+        assert space[KNOBS.index(name)].parse(cand.config[name]) == space[KNOBS.index(name)].parse(
+            hints[name]
+        )

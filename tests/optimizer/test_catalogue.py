@@ -36,6 +36,12 @@ PG15 = {
     "default_statistics_target": ("user", None, "100"),
     "autovacuum_naptime": ("sighup", "s", "1min"),
     "jit": ("user", None, "on"),
+    "hash_mem_multiplier": ("user", None, "2"),
+    "jit_above_cost": ("user", None, "100000"),
+    "jit_inline_above_cost": ("user", None, "500000"),
+    "jit_optimize_above_cost": ("user", None, "500000"),
+    "parallel_setup_cost": ("user", None, "1000"),
+    "parallel_tuple_cost": ("user", None, "0.1"),
     "fsync": ("sighup", None, "on"),
     "synchronous_commit": ("user", None, "on"),
     "full_page_writes": ("sighup", None, "on"),
@@ -108,6 +114,20 @@ def test_default_sets(kind: str) -> None:
     knob_space(names, HW)  # builds without errors
     with pytest.raises(KnobError):
         default_knobs("oltp")  # type: ignore[arg-type]
+
+
+def test_analytics_set_tunes_memory_per_operation_first() -> None:
+    names = default_knobs("analytics")
+    assert names[:2] == ["work_mem", "hash_mem_multiplier"]
+    assert names[-1] == "shared_buffers"  # the only one that needs a restart
+    assert "default_statistics_target" not in names  # acts only after ANALYZE
+    assert all(not CATALOGUE[n].durability_unsafe for n in names)
+    space = {k.name: k for k in knob_space(names, HW)}
+    assert [k.name for k in space.values() if k.needs_restart] == ["shared_buffers"]
+    # the planner's parallel costs are searched multiplicatively from their defaults
+    assert space["parallel_setup_cost"].lower <= 1000 <= space["parallel_setup_cost"].upper
+    assert space["parallel_tuple_cost"].lower <= 0.1 <= space["parallel_tuple_cost"].upper
+    assert space["hash_mem_multiplier"].lower == 1.0  # PostgreSQL's minimum
 
 
 def test_describe_is_json_ready() -> None:

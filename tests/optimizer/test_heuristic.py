@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from optimizer.catalogue import CATALOGUE, GB, MB, Hardware, knob_space
-from optimizer.heuristic import pgtune
+from optimizer.heuristic import db_type_for, pgtune
 
 
 def test_design_doc_machine() -> None:
@@ -63,3 +63,16 @@ def test_bad_input() -> None:
         pgtune(Hardware(ram_bytes=8 * GB, cpus=2), "olap")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         pgtune(Hardware(ram_bytes=512 * MB, cpus=1), connections=0)
+
+
+def test_db_type_follows_the_workload_kind() -> None:
+    assert db_type_for("analytics") == "dw"
+    assert db_type_for("write-heavy") == "oltp"
+    assert db_type_for("read-heavy") == "web"
+    assert db_type_for("mixed") == "mixed"
+    assert db_type_for("something-new") == "mixed"
+    hw = Hardware(ram_bytes=24 * GB, cpus=2)
+    dw = pgtune(hw, db_type_for("analytics"))
+    assert dw["default_statistics_target"] == "500"
+    assert "jit" not in dw  # PGTune leaves JIT on for a data warehouse
+    assert pgtune(hw, db_type_for("write-heavy"))["jit"] == "off"
