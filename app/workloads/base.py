@@ -20,7 +20,7 @@ Scripts are labelled so that evidence is per transaction type or per query:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -99,3 +99,24 @@ class Workload(Protocol):
 
 class WorkloadError(RuntimeError):
     """A workload cannot be prepared or run as asked; the message says what to change."""
+
+
+def in_turn_script(queries: Sequence[tuple[str, str]], stride: int) -> str:
+    """One pgbench script that runs ``queries`` (name, SQL) in turn, one per transaction.
+
+    Each client keeps a counter ``n`` (``-D n=0``) and its k-th transaction (k from 1) runs
+    query ``(k - 1 + client_id * stride) % len(queries)``: what :meth:`Stream.label` computes.
+    """
+    if not queries:
+        raise WorkloadError("give at least one query")
+    lines = [
+        "-- queries in turn: " + ", ".join(name for name, _ in queries),
+        "\\set n :n + 1",
+        f"\\set q (:n - 1 + :client_id * {stride}) % {len(queries)}",
+    ]
+    for i, (name, sql) in enumerate(queries):
+        lines.append(f"\\if :q = {i}" if i == 0 else f"\\elif :q = {i}")
+        lines.append(f"-- {name}")
+        lines.append(sql.strip().rstrip(";") + ";")
+    lines.append("\\endif")
+    return "\n".join(lines) + "\n"

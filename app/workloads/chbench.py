@@ -21,13 +21,12 @@ queries in turn, from its own offset in the sequence (see ``Stream.label``).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
 
 from app.postgres.dsn import scrub
-from app.workloads.base import Isolation, Script, Stream, WorkloadError
+from app.workloads.base import Isolation, Script, Stream, WorkloadError, in_turn_script
 from app.workloads.tpcc import Tpcc, loaded_warehouses, vacuum_analyze
 
 MARKER = "knobtune_chbench"
@@ -188,27 +187,6 @@ WHERE (ol_i_id = i_id AND i_data LIKE '%a' AND ol_quantity >= 1 AND ol_quantity 
 }
 
 
-def sequence_script(queries: Sequence[tuple[str, str]], stride: int) -> str:
-    """One pgbench script that runs ``queries`` (name, SQL) in turn.
-
-    Each client keeps a counter ``n`` (``-D n=0``) and its k-th transaction runs query
-    ``(k - 1 + client_id * stride) % len(queries)``, which :meth:`Stream.label` mirrors.
-    """
-    if not queries:
-        raise WorkloadError("give at least one query")
-    lines = [
-        "-- CH-benCHmark queries in turn: " + ", ".join(name for name, _ in queries),
-        "\\set n :n + 1",
-        f"\\set q (:n - 1 + :client_id * {stride}) % {len(queries)}",
-    ]
-    for i, (name, sql) in enumerate(queries):
-        lines.append(f"\\if :q = {i}" if i == 0 else f"\\elif :q = {i}")
-        lines.append(f"-- {name}")
-        lines.append(sql.strip().rstrip(";") + ";")
-    lines.append("\\endif")
-    return "\n".join(lines) + "\n"
-
-
 @dataclass(frozen=True)
 class Chbench:
     """CH-benCHmark at ``warehouses``: ``oltp_clients`` TPC-C clients next to
@@ -298,7 +276,7 @@ class Chbench:
                 Stream(
                     name="olap",
                     scripts=(
-                        Script("queries", sequence_script([(q, QUERIES[q]) for q in seq], stride)),
+                        Script("queries", in_turn_script([(q, QUERIES[q]) for q in seq], stride)),
                     ),
                     clients=self.olap_clients,
                     protocol=self.protocol,

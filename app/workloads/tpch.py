@@ -60,7 +60,7 @@ import math
 import pathlib
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -69,7 +69,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql as pgsql
 
 from app.postgres.dsn import mask_dsn, scrub
-from app.workloads.base import Script, Stream, WorkloadError
+from app.workloads.base import Script, Stream, WorkloadError, in_turn_script
 from app.workloads.tpch_queries import DUCKDB_QUERIES
 
 QUERY_NAMES: tuple[str, ...] = tuple(f"Q{i}" for i in range(1, 23))
@@ -204,25 +204,6 @@ def _message(exc: psycopg.Error, dsn: str) -> str:
     return scrub(exc.diag.message_primary or str(exc).strip(), dsn)
 
 
-def turn_script(bodies: Sequence[tuple[str, str]], stride: int) -> str:
-    """One pgbench script running ``bodies`` (name, SQL) in turn, one per transaction.
-
-    Client c's k-th transaction (k from 1) runs body ``(k - 1 + c * stride) % len(bodies)``,
-    as :meth:`Stream.label` computes it; needs ``-D n=0`` (the per-client counter).
-    """
-    lines = [
-        "-- one body per transaction: (n - 1 + client_id * stride) % count",
-        "\\set n :n + 1",
-        f"\\set q (:n - 1 + :client_id * {stride}) % {len(bodies)}",
-    ]
-    for i, (name, body) in enumerate(bodies):
-        lines.append(f"\\if :q = {i}" if i == 0 else f"\\elif :q = {i}")
-        lines.append(f"-- {name}")
-        lines.append(body)
-    lines.append("\\endif")
-    return "\n".join(lines) + "\n"
-
-
 @dataclass(frozen=True)
 class Tpch:
     """The TPC-H workload (see the module docstring)."""
@@ -275,7 +256,7 @@ class Tpch:
     def script(self) -> str:
         """The pgbench script: one query of the set per transaction, in turn."""
         bodies = [(name, postgres_query(name, self.scale)) for name in self.query_set]
-        return turn_script(bodies, self.stride())
+        return in_turn_script(bodies, self.stride())
 
     def streams(self) -> list[Stream]:
         return [

@@ -13,8 +13,8 @@ import pytest
 
 from app.postgres.pgbench import BenchSpec, run_bench
 from app.postgres.sandbox import Sandbox
-from app.workloads.base import Script, Stream, WorkloadError
-from app.workloads.chbench import QUERIES, Chbench, sequence_script
+from app.workloads.base import Script, Stream, WorkloadError, in_turn_script
+from app.workloads.chbench import QUERIES, Chbench
 from tests.app.tpcc_db import ch_template_fixture, copy_of_template  # noqa: F401
 
 
@@ -117,7 +117,7 @@ def test_olap_labels_match_the_queries_that_ran(dsn: str) -> None:
     stream = Chbench(oltp_clients=0, olap_clients=2, queries=seq).streams()[0]
     slow = [(q, ("SELECT pg_sleep(1.2);\n" if q == "Q6" else "") + QUERIES[q]) for q in seq]
     stream = dataclasses.replace(
-        stream, scripts=(Script("queries", sequence_script(slow, stream.stride)),)
+        stream, scripts=(Script("queries", in_turn_script(slow, stream.stride)),)
     )
     t0 = time.monotonic()
     res = run_bench(

@@ -13,7 +13,7 @@ import pytest
 
 from app.postgres.pgbench import BenchSpec, run_bench
 from app.postgres.sandbox import Sandbox
-from app.workloads.base import Script, Stream, WorkloadError
+from app.workloads.base import Script, Stream, WorkloadError, in_turn_script
 from app.workloads.tpch import (
     DEFAULT_QUERIES,
     MARKER,
@@ -23,7 +23,6 @@ from app.workloads.tpch import (
     generated_counts,
     postgres_query,
     tpch_extension,
-    turn_script,
 )
 from app.workloads.tpch_queries import DUCKDB_QUERIES
 
@@ -141,7 +140,7 @@ def test_labels_are_what_ran(loaded: tuple[str, str]) -> None:
     for wl in (Tpch(scale=SF, queries=("Q1", "Q2")), Tpch(SF, "throughput", 3, ("Q1", "Q2"))):
         (stream,) = wl.streams()
         sleepy = dataclasses.replace(
-            stream, scripts=(Script("tpch", turn_script(bodies, stream.stride)),)
+            stream, scripts=(Script("tpch", in_turn_script(bodies, stream.stride)),)
         )
         per_label = _labelled(dsn, sleepy, seconds=2)
         assert set(per_label) == {"Q1", "Q2"}
