@@ -294,10 +294,15 @@ def _session_body(args: argparse.Namespace, target_id: int) -> dict[str, Any]:
         "warmup_s": args.warmup,
         "scale": args.scale,
         "init": not args.no_init,
-        "max_tries": args.max_tries,
     }
-    if args.isolation:
-        workload["isolation"] = args.isolation
+    optional = {
+        "isolation": args.isolation,
+        "max_tries": args.max_tries,
+        "mode": args.mode,
+        "olap_clients": args.olap_clients,
+        "queries": [q.strip() for q in args.queries.split(",")] if args.queries else None,
+    }
+    workload.update({k: v for k, v in optional.items() if v is not None})
     if args.script:
         workload["scripts"] = [{"sql": Path(f).read_text(), "weight": 1} for f in args.script]
         workload["builtin"] = args.builtin
@@ -311,6 +316,8 @@ def _session_body(args: argparse.Namespace, target_id: int) -> dict[str, Any]:
         "on_finish": args.on_finish,
         "objective": args.objective,
     }
+    if args.workload_kind:
+        body["workload_kind"] = args.workload_kind
     if args.knobs:
         body["knobs"] = [k.strip() for k in args.knobs.split(",") if k.strip()]
     if args.time_budget:
@@ -645,8 +652,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--knobs", help="comma-separated knobs (default: the catalogue's set for the workload)"
     )
-    s.add_argument("--builtin", choices=["tpcb-like", "simple-update", "select-only"])
+    s.add_argument(
+        "--builtin",
+        choices=["tpcb-like", "simple-update", "select-only", "tpch", "tpcc", "chbench"],
+        help="pgbench's builtin script, or a built-in workload with its own data: tpch "
+        "(--scale = scale factor, e.g. 0.2), tpcc or chbench (--scale = warehouses)",
+    )
     s.add_argument("--script", action="append", help="SQL script file for pgbench (repeatable)")
+    s.add_argument("--mode", choices=["power", "throughput"], help="tpch: power or throughput")
+    s.add_argument("--queries", help="tpch/chbench: comma-separated queries, e.g. Q1,Q6")
+    s.add_argument("--olap-clients", type=int, help="chbench: clients of the analytic stream")
+    s.add_argument("--workload-kind", choices=["write-heavy", "read-heavy", "mixed", "analytics"])
     s.add_argument("--duration", type=int, default=60)
     s.add_argument("--warmup", type=int, default=5)
     s.add_argument(
@@ -656,7 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
         help='pgbench clients, or "auto": a client sweep first, then tune at its knee',
     )
     s.add_argument("--jobs", type=int, default=2)
-    s.add_argument("--scale", type=int, default=10)
+    s.add_argument("--scale", type=float, default=10)
     s.add_argument("--no-init", action="store_true", help="do not create pgbench tables")
     s.add_argument("--max-trials", type=int, default=30)
     s.add_argument("--time-budget", type=float)
@@ -670,7 +686,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--isolation", choices=["read committed", "repeatable read", "serializable"])
     s.add_argument(
-        "--max-tries", type=int, default=1, help="pgbench --max-tries (serialization retries)"
+        "--max-tries",
+        type=int,
+        help="pgbench --max-tries (serialization retries; default 1, 10 for tpcc/chbench)",
     )
     s.add_argument("--follow", action="store_true", help="with --server: show live progress")
     s.add_argument("--out", default=".")

@@ -38,6 +38,8 @@ def bench_spec(
         defines=dict(stream.defines),
         max_tries=stream.max_tries,
         isolation=stream.isolation,
+        # queries in turn are few and long: keep every one (sampling is for OLTP volume)
+        log_sampling=1.0 if stream.sequence else None,
     )
 
 

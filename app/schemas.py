@@ -8,6 +8,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Builtin = Literal["tpcb-like", "simple-update", "select-only"]
+# built-in workloads with their own data and scripts (app/workloads/): analytic, OLTP, hybrid
+BUILTIN_WORKLOADS = ("tpch", "tpcc", "chbench")
+AnyBuiltin = Literal["tpcb-like", "simple-update", "select-only", "tpch", "tpcc", "chbench"]
 Isolation = Literal["read committed", "repeatable read", "serializable"]
 ObjectiveName = Literal["throughput", "latency_p95", "query_time_geomean", "query_time_total"]
 
@@ -81,13 +84,22 @@ class ScriptIn(BaseModel):
 class WorkloadIn(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    # which workload (app/workloads.workload_for maps each to its class); the fields below
-    # that a kind does not use are ignored by it
-    kind: Literal["pgbench"] = "pgbench"
-    builtin: Builtin | None = "tpcb-like"
+    builtin: AnyBuiltin | None = Field(
+        default="tpcb-like",
+        description="pgbench's builtin script (tpcb-like, simple-update, select-only), or a "
+        "built-in workload with its own data: tpch (TPC-H, scale = scale factor), tpcc "
+        "(TPC-C, scale = warehouses), chbench (CH-benCHmark: TPC-C clients plus analytic "
+        "query clients on the same data, scale = warehouses).",
+    )
     builtin_weight: int = Field(default=1, ge=1, le=1000)
     scripts: list[ScriptIn] | None = Field(default=None, max_length=20)
-    scale: int = Field(default=10, ge=1, le=100_000)
+    scale: float = Field(
+        default=10,
+        gt=0,
+        le=100_000,
+        description="pgbench's scale (a whole number), TPC-H's scale factor (0.01-10), or "
+        "the warehouses of tpcc/chbench (a whole number).",
+    )
     init: bool = True
     clients: Annotated[int, Field(ge=1, le=1000)] | Literal["auto"] = Field(
         default=8,
@@ -106,16 +118,39 @@ class WorkloadIn(BaseModel):
         description="default_transaction_isolation of the benchmark's sessions "
         "(default: the server's).",
     )
-    max_tries: int = Field(
-        default=1,
+    max_tries: int | None = Field(
+        default=None,
         ge=1,
         le=1000,
         description="pgbench --max-tries: tries of a transaction that hit a serialization "
-        "failure or deadlock; failures that ran out of tries count against the config.",
+        "failure or deadlock; failures that ran out of tries count against the config. "
+        "Default: 1 (pgbench's) for pgbench workloads, 10 for tpcc and chbench.",
+    )
+    mode: Literal["power", "throughput"] = Field(
+        default="power",
+        description="tpch: power (one client runs the queries in turn) or throughput "
+        "(`clients` clients run them concurrently, each starting at a different query).",
+    )
+    queries: list[str] | None = Field(
+        default=None,
+        max_length=22,
+        description='tpch/chbench: the queries to run, e.g. ["Q1", "Q6"] (default: the '
+        "workload's set).",
+    )
+    olap_clients: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="chbench: clients of the analytic stream (`clients` is the OLTP stream's).",
     )
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkloadIn:
+        if self.builtin == "tpch" and "clients" not in self.model_fields_set:
+            # TPC-H's power test is one client; its throughput test at least two streams
+            self.clients = 1 if self.mode == "power" else 2
+        if "jobs" not in self.model_fields_set and isinstance(self.clients, int):
+            self.jobs = min(self.jobs, self.clients)
         if isinstance(self.clients, int) and self.jobs > self.clients:
             raise ValueError(f"jobs ({self.jobs}) must not exceed clients ({self.clients})")
         if self.warmup_s >= self.duration_s:
@@ -125,6 +160,27 @@ class WorkloadIn(BaseModel):
             )
         if self.builtin is None and not self.scripts:
             raise ValueError("give a builtin script or at least one SQL script")
+        if self.builtin in BUILTIN_WORKLOADS:
+            if self.scripts:
+                raise ValueError(
+                    f"builtin {self.builtin!r} brings its own scripts: drop `scripts`, or "
+                    "give a pgbench builtin (tpcb-like, simple-update, select-only) to mix "
+                    "them with"
+                )
+            if self.clients == "auto":
+                raise ValueError(
+                    f'clients "auto" (a client sweep) runs pgbench builtins only; give '
+                    f"builtin {self.builtin!r} a number of clients"
+                )
+            if self.builtin != "tpch" and self.scale != int(self.scale):
+                raise ValueError(
+                    f"scale is the number of warehouses: a whole number, not {self.scale:g}"
+                )
+        elif self.scale != int(self.scale):
+            raise ValueError(
+                f"pgbench's scale must be a whole number, not {self.scale:g} (fractional "
+                'scales are TPC-H scale factors: builtin "tpch")'
+            )
         return self
 
 
@@ -146,7 +202,7 @@ class SessionIn(BaseModel):
         default=None, max_length=60, description="Default: the catalogue's set for the workload."
     )
     workload: WorkloadIn = Field(default_factory=WorkloadIn)
-    workload_kind: Literal["write-heavy", "read-heavy", "mixed"] | None = None
+    workload_kind: Literal["write-heavy", "read-heavy", "mixed", "analytics"] | None = None
     objective: ObjectiveName = Field(
         default="throughput",
         description="What a run's level is, from its transactions: throughput, latency_p95, "

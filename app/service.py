@@ -44,6 +44,7 @@ from app.tuning import (
     rows_to_json,
 )
 from app.workloads import workload_for
+from app.workloads.base import WorkloadError
 from optimizer.catalogue import CATALOGUE
 from optimizer.render import Recommendation, render_conf, render_json, render_sql
 
@@ -326,7 +327,7 @@ def validate_session(target: Target, body: SessionIn) -> None:
         check_session_budget(body)
         # stream names exist once the workload is built: a typo is a 422 now
         check_streams(body, [st.name for st in workload_for(body.workload).streams()])
-    except RequestError as exc:
+    except (RequestError, WorkloadError) as exc:
         raise ServiceError(422, str(exc)) from exc
 
 
@@ -519,7 +520,8 @@ def best_vs_start(
         return None, None, None
     table = per_stream("start", before) + per_stream("best", after)
     if not after:
-        return None, table, None
+        # no change recommended: the start's own per-query times are still worth reading
+        status = "no change recommended: the start config's times"
     return [c.to_json() for c in per_label(before, after)], table, status
 
 

@@ -34,6 +34,10 @@ def workload_kind(body: SessionIn) -> str:
     if body.workload_kind:
         return body.workload_kind
     wl = body.workload
+    # TPC-H is analytic; CH-benCHmark runs TPC-C and analytic queries at once; TPC-C is OLTP
+    builtin_kinds = {"tpch": "analytics", "chbench": "mixed", "tpcc": "write-heavy"}
+    if wl.builtin in builtin_kinds:
+        return builtin_kinds[wl.builtin]
     if wl.scripts:
         return "mixed"
     return "read-heavy" if wl.builtin == "select-only" else "write-heavy"

@@ -196,7 +196,7 @@ def _session_defaults() -> dict[str, str]:
     wl = WorkloadIn()
     return {
         "builtin": wl.builtin or "none",
-        "scale": str(wl.scale),
+        "scale": f"{wl.scale:g}",
         "clients": str(wl.clients),
         "jobs": str(wl.jobs),
         "duration_s": str(wl.duration_s),
@@ -205,6 +205,8 @@ def _session_defaults() -> dict[str, str]:
         "final_check_runs": str(SessionIn.model_fields["final_check_runs"].default),
         "on_finish": "restore",
         "start": "current",
+        "objective": "throughput",
+        "mode": wl.mode,
     }
 
 
@@ -292,11 +294,11 @@ def _session_request(form: dict[str, str]) -> dict[str, Any]:
     workload["builtin"] = None if builtin == "none" else builtin
     if script := given("script"):
         workload["scripts"] = [{"sql": script}]
-    for key in ("scale", "clients", "jobs", "duration_s", "warmup_s"):
+    for key in ("scale", "clients", "jobs", "duration_s", "warmup_s", "mode", "isolation"):
         if (value := given(key)) is not None:
             workload[key] = value
     body: dict[str, Any] = {"workload": workload}
-    for key in ("target_id", "max_trials", "final_check_runs", "on_finish", "start"):
+    for key in ("target_id", "max_trials", "final_check_runs", "on_finish", "start", "objective"):
         if (value := given(key)) is not None:
             body[key] = value
     knobs = [k for k in re.split(r"[\s,]+", form.get("knobs", "")) if k]

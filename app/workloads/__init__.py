@@ -19,18 +19,47 @@ def workload_for(wl: WorkloadIn, *, clients: int | None = None) -> Workload:
     from app.workloads.pgbench import PgbenchWorkload
 
     n = clients if clients is not None else (wl.clients if isinstance(wl.clients, int) else 1)
-    # one branch per WorkloadIn.kind (tpch, tpcc, chbench: their classes take what they use)
-    if wl.kind != "pgbench":
-        raise WorkloadError(f"unknown workload kind {wl.kind!r}")
+    queries = tuple(wl.queries) if wl.queries else None
+    try:
+        if wl.builtin == "tpch":
+            from app.workloads.tpch import Tpch
+
+            return Tpch(
+                scale=wl.scale, mode=wl.mode, clients=n, queries=queries, protocol=wl.protocol
+            )
+        if wl.builtin == "tpcc":
+            from app.workloads.tpcc import Tpcc
+
+            return Tpcc(
+                warehouses=int(wl.scale),
+                clients=n,
+                isolation=wl.isolation,
+                max_tries=wl.max_tries or 10,
+                protocol=wl.protocol,
+            )
+        if wl.builtin == "chbench":
+            from app.workloads.chbench import Chbench
+
+            return Chbench(
+                warehouses=int(wl.scale),
+                oltp_clients=n,
+                olap_clients=wl.olap_clients,
+                isolation=wl.isolation,
+                max_tries=wl.max_tries or 10,
+                queries=queries,
+                protocol=wl.protocol,
+            )
+    except ValueError as exc:  # a constructor's check of its arguments
+        raise WorkloadError(str(exc)) from exc
     return PgbenchWorkload(
         builtin=wl.builtin,
         builtin_weight=wl.builtin_weight,
         scripts=tuple((s.sql, s.weight) for s in wl.scripts or ()),
-        scale=wl.scale,
+        scale=int(wl.scale),
         init=wl.init,
         clients=n,
         jobs=min(wl.jobs, n),
         protocol=wl.protocol,
         isolation=wl.isolation,
-        max_tries=wl.max_tries,
+        max_tries=wl.max_tries or 1,
     )
