@@ -9,12 +9,19 @@ For each reference workload, on a fresh sandbox cluster:
    preceded by a discarded warm-up run (a restart empties shared_buffers, and a cold run
    must never be compared with a warm one).
 
-Statistics: a config's level is the median of its runs' medians, with a bootstrap 95%
-interval. Gains compare configs within each round (adjacent runs), which cancels slow
-drift: gain = exp(mean(log C_i - log A_i)) - 1, p-value of a paired t test on those log
-differences (two-sided).
+Statistics: a run's level is what the session's verdict judges, from its transactions
+(optimizer/evidence.py: throughput, or the geometric mean of per-query mean times for
+TPC-H, "higher is better" as exp of the log level); a config's level is the median over
+its runs, with a bootstrap 95% interval. Gains compare configs within each round (adjacent
+runs), which cancels slow drift: gain = exp(mean(log C_i - log A_i)) - 1 (for query times:
+the fraction of time saved), p-value of a paired t test on those log differences
+(two-sided).
 
-    .venv/bin/python bench/e2e.py                      # both workloads, ~50 minutes
+The PGTune-style config is PGTune's for the workload's kind (dw for analytics, oltp for
+write-heavy, mixed otherwise: optimizer.heuristic.db_type_for), as the session's hints.
+
+    .venv/bin/python bench/e2e.py                      # W1 and W2, ~50 minutes
+    .venv/bin/python bench/e2e.py --workloads H1 --duration 40 --confirm-duration 40
     .venv/bin/python bench/e2e.py --workloads W2 --budget-s 300 --rounds 3   # quicker look
 """
 
@@ -25,7 +32,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -41,11 +47,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.chart import final_label, points_of, render_svg  # noqa: E402
-from app.postgres.pgbench import BenchSpec, run_bench  # noqa: E402
+from app.evidence import bench_spec, stream_stat  # noqa: E402
+from app.postgres.pgbench import run_streams  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
+from app.schemas import WorkloadIn  # noqa: E402
+from app.workloads import workload_for  # noqa: E402
 from optimizer.catalogue import CATALOGUE, Hardware  # noqa: E402
-from optimizer.heuristic import pgtune  # noqa: E402
+from optimizer.evidence import Objective, run_level  # noqa: E402
+from optimizer.heuristic import db_type_for, pgtune  # noqa: E402
 from tests.helpers import ServiceProcess  # noqa: E402
 
 # W2's reporting query: sorts a 60,000-row range of pgbench_accounts by a wide column, so
@@ -76,6 +86,28 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         },
         "kind": "mixed",
     },
+    # Analytic: TPC-H's 22 queries in turn (power test), scale factor 0.2: 341 MB, one pass
+    # 13-20 s on this machine, so a 40 s run holds 2-3 passes (app/workloads/tpch.py).
+    "H1": {
+        "description": "analytic: TPC-H SF 0.2, the 22 queries in turn (power), 1 client; "
+        "objective: geometric mean of the per-query mean times",
+        "workload": {"builtin": "tpch", "scale": 0.2, "mode": "power"},
+        "kind": "analytics",
+        "objective": "query_time_geomean",
+    },
+    # OLTP: TPC-C at 4 warehouses (421 MB), 8 clients, the standard mix; throughput
+    "C1": {
+        "description": "OLTP: TPC-C, 4 warehouses, 8 clients, standard mix (45/43/4/4/4)",
+        "workload": {"builtin": "tpcc", "scale": 4, "clients": 8},
+        "kind": "write-heavy",
+    },
+    # Hybrid: CH-benCHmark, TPC-C clients and one analytic client on the same data
+    "CH1": {
+        "description": "hybrid: CH-benCHmark, 2 warehouses, 4 TPC-C clients + 1 client "
+        "running 12 CH queries in turn; weighted geometric mean of both streams",
+        "workload": {"builtin": "chbench", "scale": 2, "clients": 4, "olap_clients": 1},
+        "kind": "mixed",
+    },
 }
 
 
@@ -86,6 +118,7 @@ def tune(
         "target_id": target_id,
         "workload": {**spec["workload"], "duration_s": args.duration, "warmup_s": args.warmup},
         "workload_kind": spec["kind"],
+        "objective": spec.get("objective", "throughput"),
         "time_budget_s": args.budget_s,
         "max_trials": 500,  # the time budget decides
         "start": args.start,
@@ -133,6 +166,14 @@ def tune(
     return {
         "session_id": sid,
         "claimed_gain": s["gain"],
+        "claim": {
+            "status": s["gain_status"],
+            "text": s.get("gain_text"),
+            "p_value": s["gain_p_value"],
+            "ci95": s["gain_ci"],
+        },
+        "per_label": s.get("per_label"),
+        "per_stream": s.get("per_stream"),
         "baseline_tps": s["baseline_tps"],
         "best_tps": s["best_tps"],
         "wall_s": round(wall, 1),
@@ -161,20 +202,19 @@ def tune(
 def confirm(
     sb: Sandbox, configs: dict[str, dict[str, str]], spec: dict[str, Any], args: argparse.Namespace
 ) -> dict[str, list[float]]:
-    """Interleaved runs: warm-up (discarded) then a measured run, config after config."""
+    """Interleaved runs: warm-up (discarded) then a measured run, config after config.
+
+    Each run is every stream of the workload at once, levelled from its transactions by
+    the session's objective (as the verdict does), reported as exp(level).
+    """
     ctl = TargetController(sb.dsn, restart_command=sb.restart_command, data_dir=sb.data_dir)
-    wl = spec["workload"]
-    scripts = [(s["sql"], s["weight"]) for s in wl.get("scripts", [])] or None
-    bench = BenchSpec(
-        builtin=wl["builtin"],
-        builtin_weight=wl.get("builtin_weight", 1),
-        scripts=scripts,
-        clients=wl["clients"],
-        jobs=wl["jobs"],
-        duration_s=args.confirm_duration,
-        warmup_s=args.warmup,
-    )
-    warm = BenchSpec(**{**bench.__dict__, "duration_s": args.confirm_warmup, "warmup_s": 0})
+    wl = WorkloadIn.model_validate({**spec["workload"], "duration_s": 60, "warmup_s": 5})
+    streams = workload_for(wl).streams()
+    objective = Objective(kind=spec.get("objective", "throughput"))
+    measured = [
+        bench_spec(st, duration_s=args.confirm_duration, warmup_s=args.warmup) for st in streams
+    ]
+    warm = [bench_spec(st, duration_s=args.confirm_warmup, warmup_s=0) for st in streams]
     names = sorted({k for c in configs.values() for k in c})
     snapshot = ctl.snapshot(names)
     levels: dict[str, list[float]] = {k: [] for k in configs}
@@ -184,12 +224,18 @@ def confirm(
                 ctl.revert(snapshot)
                 if config:
                     ctl.apply(config)
-                run_bench(sb.dsn, warm)
-                res = run_bench(sb.dsn, bench)
-                if not res.ok or not res.samples:
-                    raise RuntimeError(f"confirmation run of {label} failed: {res.error}")
-                levels[label].append(statistics.median(res.samples))
-                print(f"  round {rnd + 1} {label}: {levels[label][-1]:.1f} tps", file=sys.stderr)
+                run_streams(sb.dsn, warm)
+                results = run_streams(sb.dsn, measured)
+                stats = [
+                    stream_stat(st, res, args.warmup)
+                    for st, res in zip(streams, results, strict=True)
+                ]
+                if not all(r.ok for r in results) or any(x is None for x in stats):
+                    errors = "; ".join(str(r.error) for r in results if not r.ok)
+                    raise RuntimeError(f"confirmation run of {label} failed: {errors}")
+                level = run_level([x for x in stats if x is not None], objective)
+                levels[label].append(math.exp(level.centre))
+                print(f"  round {rnd + 1} {label}: level {levels[label][-1]:.4g}", file=sys.stderr)
     finally:
         ctl.revert(snapshot)
     return levels
@@ -212,15 +258,23 @@ def summarize(levels: dict[str, list[float]], seed: int = 0) -> dict[str, Any]:
     return out
 
 
-def paired_gain(c: list[float], ref: list[float]) -> dict[str, Any]:
+def paired_gain(c: list[float], ref: list[float], lower_is_better: bool = False) -> dict[str, Any]:
+    """Gain of c over ref from per-round log ratios of levels (levels: higher is better).
+
+    ``lower_is_better``: the objective is a time; the gain is the fraction of time saved.
+    """
     d = np.log(np.array(c)) - np.log(np.array(ref))
     n = d.size
     mean, sd = float(d.mean()), float(d.std(ddof=1)) if n > 1 else 0.0
     half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n) if n > 1 and sd > 0 else 0.0
     p = float(stats.ttest_1samp(d, 0.0).pvalue) if n > 1 and sd > 0 else None
+
+    def gain(x: float) -> float:
+        return round(-math.expm1(-x) if lower_is_better else math.expm1(x), 4)
+
     return {
-        "gain": round(math.exp(mean) - 1, 4),
-        "ci95": [round(math.exp(mean - half) - 1, 4), round(math.exp(mean + half) - 1, 4)],
+        "gain": gain(mean),
+        "ci95": [gain(mean - half), gain(mean + half)],
         "p_value": None if p is None else round(p, 5),
     }
 
@@ -252,19 +306,23 @@ def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
             ram_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
             cpus=os.cpu_count() or 1,
         )
-        pgtune_config = {k: v for k, v in pgtune(hw, "mixed").items() if k in CATALOGUE}
+        db_type = db_type_for(spec["kind"])
+        pgtune_config = {k: v for k, v in pgtune(hw, db_type).items() if k in CATALOGUE}
         configs = {"default": {}, "pgtune": pgtune_config, "knobtune": session["best_config"]}
         print(f"{name}: confirmation, {args.rounds} rounds of A/B/C", file=sys.stderr)
         levels = confirm(sb, configs, spec, args)
     summary = summarize(levels)
-    vs_default = paired_gain(levels["knobtune"], levels["default"])
-    vs_pgtune = paired_gain(levels["knobtune"], levels["pgtune"])
+    lower = Objective(kind=spec.get("objective", "throughput")).lower_is_better
+    vs_default = paired_gain(levels["knobtune"], levels["default"], lower)
+    vs_pgtune = paired_gain(levels["knobtune"], levels["pgtune"], lower)
     claimed = session["claimed_gain"]
     kept = (vs_default["gain"] / claimed) if claimed and claimed > 0 else None
     low, high = vs_default["ci95"]
     return {
         "workload": spec["description"],
         "session": session,
+        "objective": spec.get("objective", "throughput"),
+        "pgtune_db_type": db_type,
         "configs": {"pgtune": pgtune_config, "knobtune": session["best_config"]},
         "confirmation": summary,
         "knobtune_vs_default": vs_default,
