@@ -64,7 +64,7 @@ from typing import Literal
 
 import numpy as np
 
-from optimizer.verdict import RunStat
+from optimizer.verdict import ALPHA, PRIOR_DF, RUN_SD, Run, RunStat, Verdict, compare
 
 ObjectiveKind = Literal["throughput", "latency_p95", "query_time_geomean", "query_time_total"]
 OBJECTIVE_KINDS: tuple[ObjectiveKind, ...] = (
@@ -366,3 +366,36 @@ def stream_figures(s: StreamStat, seconds: float | None = None) -> dict[str, flo
     if seconds:
         out["raw_tps"] = s.transactions / seconds
     return out
+
+
+def judge_streams(
+    incumbent_runs: Sequence[Sequence[StreamStat]],
+    candidate_runs: Sequence[Sequence[StreamStat]],
+    *,
+    objective: Objective | str = "throughput",
+    min_gain: float = 0.02,
+    alpha: float = ALPHA,
+    run_sd: float = RUN_SD,
+    prior_df: float = PRIOR_DF,
+) -> Verdict:
+    """:func:`~optimizer.verdict.compare` on runs given as their streams, grouped.
+
+    The per-transaction counterpart of :func:`optimizer.verdict.judge`: each run is
+    collapsed by :func:`run_level` (as the descent does when ``Measurement.streams`` is
+    set), runs are in the order they ran, and the two sides are taken as interleaved.
+    """
+    obj = as_objective(objective)
+    sides = []
+    for what, side in (("incumbent", incumbent_runs), ("candidate", candidate_runs)):
+        if len(side) == 0:
+            raise ValueError(f"{what}: need at least one run")
+        sides.append([Run(float(i), run_level(streams, obj)) for i, streams in enumerate(side)])
+    return compare(
+        sides[0],
+        sides[1],
+        min_gain=min_gain,
+        alpha=alpha,
+        run_sd=run_sd,
+        prior_df=prior_df,
+        lower_is_better=obj.lower_is_better,
+    )
