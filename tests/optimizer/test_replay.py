@@ -95,8 +95,11 @@ def tx_cases() -> list[dict[str, Any]]:
     sh = data["shares"]
     return [
         {"incumbent": [_tx_run(r, sh) for r in a], "candidate": [_tx_run(r, sh) for r in b]},
-        {"incumbent": [_tx_run(r, sh) for r in a[0::2]], "candidate": [_tx_run(r, sh) for r in a[1::2]]},
-    ]  # fmt: skip
+        {
+            "incumbent": [_tx_run(r, sh) for r in a[0::2]],
+            "candidate": [_tx_run(r, sh) for r in a[1::2]],
+        },
+    ]
 
 
 def test_per_transaction_runs_are_judged_like_the_live_optimizer(tmp_path: Path) -> None:
