@@ -10,7 +10,7 @@ drift by 12-40% (16% here), more than three runs per side can see through.
 from __future__ import annotations
 
 from optimizer.verdict import Run, Verdict, compare
-from tests.optimizer.recorded import LONG_NICED, TPCB_NICED, Recorded, recorded_runs
+from tests.optimizer.recorded import LONG_NICED, LONG_WM8, TPCB_NICED, Recorded, recorded_runs
 
 
 def _side(runs: list[Recorded], config: str, level: str) -> list[Run]:
@@ -38,6 +38,17 @@ def test_long_queries_work_mem_effect_is_kept_and_no_op_is_not() -> None:
     tx_var = sorted(r.tx.within_var for r in runs)
     sec_var = sorted(r.sec.within_var for r in runs)
     assert sec_var[len(runs) // 2] > 2 * tx_var[len(runs) // 2]
+
+
+def test_long_queries_work_mem_8mb_first_runs() -> None:
+    runs = recorded_runs(LONG_WM8)
+    real = _first(runs, 8)
+    assert real.keep, real.reason
+    assert real.gain > 0.15  # +22.1% [3.0, 44.9]: the NOT IN subplan is hashed at 8MB
+    assert not _first(runs, 8, "sec").keep  # per second: -24.5% [-70, +92], no evidence
+    for config in ("A", "B"):
+        v = _no_op(runs, config, 4)
+        assert not v.keep, v.reason
 
 
 def test_tpcb_per_transaction_sees_what_per_second_sees() -> None:
