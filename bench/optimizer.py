@@ -11,7 +11,10 @@ Run: ``.venv/bin/python bench/optimizer.py [--quick]``. Prints one JSON document
   the gain they claim;
 * transactions: long queries (a 0.5-3 s reporting mix at 2 clients, 40 s runs) judged on
   per-transaction evidence vs on per-second samples: no-op kept and a +20% / +30% effect
-  kept with 3 runs per side; the same on the recorded runs of tests/data/longquery-runs.json;
+  kept with 3 runs per side; and on real runs recorded by bench/record_long.py
+  (tests/data/long-query-runs*.json.gz, tpcb-runs*.json.gz; ``--recorded`` prints only
+  these): over all combinations of 1-3 runs per side, the share of no-op pairs and of
+  real-effect pairs kept, per transaction and per second, with 95% Wilson intervals;
 * search: final true throughput as % of each simulated surface's optimum after a budget
   of 40 benchmark runs (every run counts: baseline, candidate and incumbent re-runs),
   median over 20 seeds, for the descent (x4 then x2 steps), the descent with x2 steps
@@ -36,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import binomtest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -44,7 +48,8 @@ from optimizer.descent import CoordinateDescent  # noqa: E402
 from optimizer.evidence import run_level  # noqa: E402
 from optimizer.heuristic import pgtune  # noqa: E402
 from optimizer.knobs import Config, Knob  # noqa: E402
-from optimizer.verdict import Run, compare, judge, run_stat  # noqa: E402
+from optimizer.verdict import RUN_SD, Run, compare, judge, run_stat  # noqa: E402
+from tests.optimizer.recorded import RECORDINGS, Recorded, recorded_runs  # noqa: E402
 from tests.optimizer.sim import (  # noqa: E402
     NEIGHBOUR,
     REPORTING_MIX,
@@ -186,13 +191,135 @@ def _tx_design(gain: float, reps: int, seed: int, noise: Noise) -> tuple[float, 
     return kept_tx / reps, kept_s / reps
 
 
+def _wilson(kept: int, n: int) -> dict[str, Any]:
+    ci = binomtest(kept, n).proportion_ci(method="wilson") if n else None
+    return {
+        "kept": kept,
+        "of": n,
+        "rate_pct": _pct(kept / n) if n else None,
+        "ci95_pct": [_pct(ci.low), _pct(ci.high)] if ci else None,
+    }
+
+
+def _sequential(inc: list[Run], cand: list[Run], run_sd: float = RUN_SD) -> bool:
+    """Kept at some look after 1+1, 2+2, ... runs (the descent judges after every run)."""
+    n = min(len(inc), len(cand))
+    return any(compare(inc[:k], cand[:k], run_sd=run_sd).keep for k in range(1, n + 1))
+
+
+def adjacent_rates(
+    runs: list[Recorded], level: str, max_runs: int = 3, run_sd: float = RUN_SD
+) -> dict[str, Any]:
+    """Like :func:`keep_rates` on runs next to each other in time, as the descent compares.
+
+    Real effect: every window of ``2k`` consecutive runs of the recording (A B A B ...:
+    k of each), judged after 1+1 ... k+k. No-op: every ``2k`` consecutive runs of one
+    config, alternately incumbent and candidate, both ways round.
+    """
+    seq = [(r.config, Run(r.t, r.tx if level == "tx" else r.sec)) for r in runs]
+    n_a = sum(c == "A" for c, _ in seq)
+    k = min(max_runs, n_a, len(seq) - n_a)
+    real = []
+    for s in range(len(seq) - 2 * k + 1):
+        w = seq[s : s + 2 * k]
+        a, b = [r for c, r in w if c == "A"], [r for c, r in w if c == "B"]
+        if len(a) == len(b) == k:
+            real.append(_sequential(a, b, run_sd))
+    noop = []
+    for cfg in ("A", "B"):
+        same = [r for c, r in seq if c == cfg]
+        m = min(k, len(same) // 2)
+        for s in range(len(same) - 2 * m + 1):
+            w = same[s : s + 2 * m]
+            noop.append(_sequential(w[0::2], w[1::2], run_sd))
+            noop.append(_sequential(w[1::2], w[0::2], run_sd))
+    return {
+        "no_op_kept": _wilson(sum(noop), len(noop)),
+        "real_effect_kept": _wilson(sum(real), len(real)),
+    }
+
+
+def keep_rates(runs: list[Recorded], level: str, max_runs: int = 3) -> dict[str, Any]:
+    """No-op and real-effect keep rates over all combinations of recorded runs.
+
+    Real effect: every choice of ``k`` A runs (incumbent) and ``k`` B runs (candidate),
+    each side in time order, judged sequentially after 1+1 ... k+k runs. No-op: every
+    choice of ``2k`` runs of one config, alternately incumbent and candidate in time
+    order (and the other way round). ``k`` = ``max_runs`` or what the recording allows.
+    Combinations share runs, so they are not independent: the Wilson intervals assume
+    they are and are narrower than the truth; the count of distinct runs is given.
+    """
+
+    def as_run(r: Recorded) -> Run:
+        return Run(r.t, r.tx if level == "tx" else r.sec)
+
+    by: dict[str, list[Run]] = {}
+    for r in runs:
+        by.setdefault(r.config, []).append(as_run(r))
+    a, b = by["A"], by["B"]
+    k = min(max_runs, len(a), len(b))
+    real = [
+        _sequential(list(ia), list(cb))
+        for ia in itertools.combinations(a, k)
+        for cb in itertools.combinations(b, k)
+    ]
+    noop = []
+    for side in (a, b):
+        m = min(k, len(side) // 2)
+        for combo in itertools.combinations(side, 2 * m):
+            noop.append(_sequential(list(combo[0::2]), list(combo[1::2])))
+            noop.append(_sequential(list(combo[1::2]), list(combo[0::2])))
+    whole = compare(a, b)
+    return {
+        "runs_per_side_max": k,
+        "no_op_kept": _wilson(sum(noop), len(noop)),
+        "real_effect_kept": _wilson(sum(real), len(real)),
+        "all_runs_gain_pct": _pct(whole.gain),
+        "all_runs_gain_ci95_pct": [_pct(x) for x in whole.ci] if whole.ci else None,
+    }
+
+
+def _drift(runs: list[Recorded], level: str) -> dict[str, float]:
+    """Between-run sd of the log level per config (what the prior run_sd stands for)."""
+    out = {}
+    for cfg in sorted({r.config for r in runs}):
+        c = [(r.tx if level == "tx" else r.sec).centre for r in runs if r.config == cfg]
+        out[cfg] = _pct(float(np.std(c, ddof=1))) if len(c) > 1 else 0.0
+    return out
+
+
+def recorded_transactions() -> dict[str, Any]:
+    """The verdict on real runs (bench/record_long.py): per transaction vs per second."""
+    out: dict[str, Any] = {}
+    for name, path in RECORDINGS.items():
+        if not path.exists():
+            out[name] = f"missing {path.name}: run python -m bench.record_long"
+            continue
+        runs = recorded_runs(path)
+        out[name] = {
+            "runs": {c: sum(r.config == c for r in runs) for c in ("A", "B")},
+            "host_loadavg_1m": [round(min(r.loadavg for r in runs), 1),
+                                round(max(r.loadavg for r in runs), 1)],
+            "between_run_sd_pct": {lv: _drift(runs, lv) for lv in ("tx", "sec")},
+            "per_transaction": keep_rates(runs, "tx"),
+            "per_second": keep_rates(runs, "sec"),
+            "adjacent_runs": {"per_transaction": adjacent_rates(runs, "tx"),
+                              "per_second": adjacent_rates(runs, "sec")},
+            # the prior between-run sd the verdict assumes (RUN_SD 6%) against the drift
+            # measured above: per-transaction keep rates with a larger prior
+            "per_transaction_run_sd": {f"{sd:.2f}": adjacent_rates(runs, "tx", run_sd=sd)
+                                       for sd in (0.10, 0.15, 0.20)},
+        }  # fmt: skip
+    return out
+
+
 def transactions(reps: int) -> dict[str, Any]:
     noise = Noise(seconds=40)
     out: dict[str, Any] = {"runs": "40 s, 2 clients, 0.5-3 s queries, 3 runs per side"}
     for gain in (0.0, 0.2, 0.3):
         tx, sec = _tx_design(gain, reps, int(gain * 100) + 1, noise)
         out[f"gain_{round(gain * 100)}pct_kept"] = {"per_transaction": tx, "per_second": sec}
-    # not yet: recorded long-query runs on real PostgreSQL (issue 13 stays open for them)
+    out["recorded"] = recorded_transactions()
     return out
 
 
@@ -308,8 +435,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
     ap.add_argument("--no-tpe", action="store_true", help="skip Optuna TPE")
+    ap.add_argument(
+        "--recorded", action="store_true", help="only the verdict on recorded long-query runs"
+    )
     args = ap.parse_args()
     t0 = time.monotonic()
+    if args.recorded:
+        doc = {"recorded": recorded_transactions()}
+        doc["runtime_s"] = round(time.monotonic() - t0, 1)
+        print(json.dumps(doc, indent=2))
+        return
     noise = Noise()
     reps = 20 if args.quick else 200
     seeds = 5 if args.quick else 20

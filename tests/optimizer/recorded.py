@@ -1,0 +1,88 @@
+"""Recorded runs on real PostgreSQL (bench/record_long.py), as the verdict sees them.
+
+Shared by the tests and bench/optimizer.py. Each run becomes a :class:`Recorded`: its
+config, its place in the recording (runs are interleaved A B A B ...) and two levels,
+one from its transactions (optimizer/evidence.py, as the descent computes it when a
+measurement carries streams) and one from its per-second pgbench samples
+(optimizer/verdict.run_stat, the per-second path).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from optimizer.evidence import StreamStat, run_level, summarize_stream
+from optimizer.verdict import RunStat, run_stat
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+LONG = DATA / "long-query-runs.json.gz"  # the busy host, other test suites running
+TPCB = DATA / "tpcb-runs.json.gz"
+# the same under nice -n -10 (the other jobs still ran, with less of the CPU)
+LONG_NICED = DATA / "long-query-runs-niced.json.gz"
+TPCB_NICED = DATA / "tpcb-runs-niced.json.gz"
+# and with config B at work_mem 8MB instead of 64MB, 30 s runs (bench/record_long.py)
+LONG_WM8 = DATA / "long-query-runs-niced-wm8.json.gz"
+RECORDINGS = {
+    "long_queries_busy": LONG,
+    "tpcb_busy": TPCB,
+    "long_queries_niced": LONG_NICED,
+    "long_queries_niced_wm8": LONG_WM8,
+    "tpcb_niced": TPCB_NICED,
+}
+
+
+@dataclass(frozen=True)
+class Recorded:
+    config: str
+    t: float  # position in the recording
+    tx: RunStat  # level from the run's transactions
+    sec: RunStat  # level from its per-second samples
+    streams: tuple[StreamStat, ...]
+    loadavg: float
+
+
+def load(path: Path) -> dict[str, Any]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        data: dict[str, Any] = json.load(f)
+    return data
+
+
+def streams_of(run: dict[str, Any], shares: dict[str, float] | None) -> tuple[StreamStat, ...]:
+    if "streams" in run:
+        return tuple(StreamStat.from_json(s) for s in run["streams"])
+    assert shares is not None
+    stream = summarize_stream(
+        "reporting",
+        clients=int(run["clients"]),
+        shares=shares,
+        start_s=run["start_s"],
+        latency_ms=run["latency_ms"],
+        labels=run["labels"],
+        failed=run["failed"],
+        warmup_s=float(run["warmup_s"]),
+    )
+    return (stream,)
+
+
+def recorded_runs(path: Path) -> list[Recorded]:
+    """Every run of a recording, in the order it ran."""
+    data = load(path)
+    shares = data.get("shares")
+    out = []
+    for i, run in enumerate(data["runs"]):
+        streams = streams_of(run, shares)
+        out.append(
+            Recorded(
+                config=run["config"],
+                t=float(i),
+                tx=run_level(streams, "throughput"),
+                sec=run_stat(run["samples"]),
+                streams=streams,
+                loadavg=float(run["loadavg_before"]),
+            )
+        )
+    return out
