@@ -398,6 +398,7 @@ class SessionRunner:
         notes = [*session_notes(self.db, self.session_id, body), *notes]
         replayed = self._replay(opt)
         self._shifts_noted = len(opt.shifts)  # a resumed session noted these already
+        self._evidence_noted = replayed > 0 and opt.evidence != "auto"  # noted before a crash
         self._update(start_config=start, notes=notes, trials_planned=opt.planned_trials())
         if replayed:
             log.info("session %s: resumed after %d stored trials", self.session_id, replayed)
@@ -773,6 +774,9 @@ class SessionRunner:
         for sh in opt.shifts[self._shifts_noted :]:
             self._note(sh.text())
         self._shifts_noted = len(opt.shifts)
+        if not self._evidence_noted and opt.evidence != "auto":
+            self._evidence_noted = True
+            self._note(_evidence_text(opt.evidence, trial.median_tps))
         if error is None and not rejected:
             self._remember(cand.config, opt_samples, trial.failed_transactions)
 
@@ -986,6 +990,16 @@ def _stream_stats(
             return ()
         stats.append(stat)
     return tuple(stats)
+
+
+def _evidence_text(evidence: str, median_tps: float | None) -> str:
+    rate = f" (first run: {median_tps:.1f} tps)" if median_tps is not None else ""
+    if evidence == "transactions":
+        return (
+            f"runs are judged from their transactions{rate}: per script or query, mean "
+            "latency by designed share (slow or multi-stream workloads, query-time objectives)"
+        )
+    return f"runs are judged from their per-second throughput samples{rate}"
 
 
 def _measurement_of(

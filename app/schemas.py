@@ -254,6 +254,14 @@ class SessionIn(BaseModel):
         "A B), set aside from max_trials and the time budget when the session starts. Even. "
         "0 skips it: any gain the session claims is then marked unconfirmed.",
     )
+    evidence: Literal["auto", "transactions", "seconds"] = Field(
+        default="auto",
+        description="What a run is judged on. auto: its transactions (per-query / per-type "
+        "latencies, optimizer/evidence.py) when the workload has several streams or runs "
+        "fewer than 20 transactions a second in its first run, else its per-second "
+        "throughput samples. Query-time objectives and objectives over streams always use "
+        "transactions.",
+    )
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
 
     @model_validator(mode="after")

@@ -155,6 +155,7 @@ def make_optimizer(
         max_passes=body.max_passes,
         hints=hints,
         final_runs=body.final_check_runs,
+        evidence=body.evidence,
     )
 
 

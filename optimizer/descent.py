@@ -88,6 +88,7 @@ rebuilds exactly the same state and the same next suggestion.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -113,6 +114,15 @@ Value = float | str
 Claim = Literal["none", "confirmed", "not-credible", "no-change", "unconfirmed"]
 MIN_WALK_RUNS = 3
 """Runs a session needs between its baseline and its final check: one evaluation, C I C."""
+
+
+Evidence = Literal["auto", "transactions", "seconds"]
+LOW_RATE_TPS = 20.0
+"""Below this many transactions a second (the first run's median per-second throughput),
+"auto" evidence judges runs from their transactions: a one-second sample of a slow
+workload holds a handful of transactions (counting noise CV >= 22%, and 0-3 per second
+for 0.5-3 s queries: issue 13), while above it the per-second path is the one measured
+in bench/optimizer.py and bench/neighbour.py (A/A 0.9%, no-op sessions 2.5-3.0%)."""
 
 
 class BudgetError(ValueError):
@@ -275,6 +285,7 @@ class CoordinateDescent:
         adjacent_gap: int = 3,
         max_shifts: int = 2,
         balance: float = 0.5,
+        evidence: Evidence = "auto",
     ) -> None:
         if not space:
             raise KnobError("the knob space is empty: pick at least one knob")
@@ -304,6 +315,12 @@ class CoordinateDescent:
         self.seed = seed  # the walk is deterministic; kept so a session records its arguments
         self.objective_spec: Objective = obj
         self.objective = obj.kind
+        if evidence not in ("auto", "transactions", "seconds"):
+            raise ValueError("evidence must be auto, transactions or seconds")
+        # what runs are judged on; "auto" is settled by the first run (see _evidence_for)
+        self.evidence: Evidence = evidence
+        if self._needs_transactions():
+            self.evidence = "transactions"
         self.min_gain = min_gain
         self.max_p99_worsening = max_p99_worsening
         self.max_trials = max_trials
@@ -674,9 +691,25 @@ class CoordinateDescent:
     def _key(self, values: Mapping[str, Value]) -> Key:
         return tuple((k.name, values[k.name]) for k in self.space)
 
+    def _needs_transactions(self) -> bool:
+        """Query times and objectives over several streams exist only per transaction."""
+        obj = self.objective_spec
+        per_stream = obj.primary is not None or bool(obj.weights) or bool(obj.p95_limits)
+        return obj.kind not in ("throughput", "latency_p95") or per_stream
+
+    def _evidence_for(self, m: Measurement) -> Evidence:
+        """Settle "auto" on the first usable run: transactions for several streams or a
+        slow workload (below LOW_RATE_TPS), else per-second samples. Deterministic given
+        the runs, so a replayed session settles the same way."""
+        if self.evidence == "auto" and m.streams and not m.failed:
+            rate = statistics.median(m.samples) if m.samples else 0.0
+            slow = rate < LOW_RATE_TPS
+            self.evidence = "transactions" if len(m.streams) > 1 or slow else "seconds"
+        return self.evidence
+
     def _level(self, m: Measurement) -> RunStat | None:
         """The run's level by the objective; None if it carries no usable evidence."""
-        if m.streams:
+        if m.streams and self._evidence_for(m) == "transactions":
             st = run_level(m.streams, self.objective_spec)
             return st if st.centre > FLOOR else None
         kind = self.objective

@@ -9,6 +9,7 @@ import pytest
 
 from optimizer.catalogue import GB, Hardware, knob_space
 from optimizer.descent import BudgetError, Candidate, CoordinateDescent, Measurement
+from optimizer.evidence import ScriptStat, StreamStat
 from optimizer.heuristic import pgtune
 from optimizer.knobs import Config, KnobError
 from tests.optimizer.sim import (
@@ -517,3 +518,31 @@ def test_final_check_removes_the_winners_curse_from_the_claimed_gain() -> None:
     bias = {final: float(np.mean(e)) for final, e in err.items()}
     assert abs(bias[6]) < 0.04, bias
     assert bias[0] > bias[6], bias
+
+
+def _stream(mean_ms: float) -> StreamStat:
+    script = ScriptStat(label="q", share=1.0, n=40, failed=0, mean_ms=mean_ms, var_mean=1.0)
+    return StreamStat(name="main", clients=2, scripts=(script,))
+
+
+@pytest.mark.parametrize(
+    ("tps", "objective", "settled"),
+    [
+        (2.0, "throughput", "transactions"),  # a slow workload: seconds hold 0-3 transactions
+        (500.0, "throughput", "seconds"),  # OLTP: the measured per-second path
+        (500.0, "query_time_geomean", "transactions"),  # query times exist per transaction
+    ],
+)
+def test_auto_evidence_settles_on_the_first_run(tps: float, objective: str, settled: str) -> None:
+    space = knob_space(["work_mem"], Hardware(ram_bytes=8 * GB, cpus=2))
+    opt = CoordinateDescent(space, {}, objective=objective, max_trials=20, final_runs=0)
+    assert opt.evidence == ("transactions" if objective != "throughput" else "auto")
+    first = opt.suggest()
+    assert first is not None
+    opt.register(first, Measurement(samples=(tps,) * 10, streams=(_stream(100.0),)))
+    assert opt.evidence == settled
+    # a run without a transaction log (an old stored trial) is judged per second
+    second = opt.suggest()
+    assert second is not None
+    opt.register(second, Measurement(samples=(tps,) * 10))
+    assert opt.trials_done == 2
