@@ -17,15 +17,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import psycopg
 
-from app.evidence import bench_spec
-from app.postgres.pgbench import run_bench
-from app.postgres.sandbox import Sandbox
-from app.workloads.tpch import DEFAULT_QUERIES, QUERY_NAMES, Tpch, postgres_query
+# the checkout's packages first: run as a script, bench/ leads sys.path and its
+# optimizer.py would shadow the optimizer package that app.evidence imports
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.evidence import bench_spec  # noqa: E402
+from app.postgres.pgbench import run_bench  # noqa: E402
+from app.postgres.sandbox import Sandbox  # noqa: E402
+from app.workloads.tpch import DEFAULT_QUERIES, QUERY_NAMES, Tpch, postgres_query  # noqa: E402
 
 
 def power_run(dsn: str, wl: Tpch, seconds: int) -> dict[str, object]:
