@@ -1,7 +1,8 @@
 """TPC-C / CH-benCHmark figures on a fresh sandbox: load time, size, tps per transaction.
 
 For each warehouse count: loads TPC-C (+ the CH tables), prints the load time and the
-database size, then runs the TPC-C mix for ``--seconds`` with ``--clients`` and prints
+database size, then runs the TPC-C mix for ``--seconds`` with ``--clients`` as the runner
+does (:func:`app.evidence.bench_spec`: one pgbench thread) and prints
 tps of each transaction type, tpmC and the failures; then each CH query once, timed.
 Prints JSON lines. The sandbox runs with its defaults (no tuning).
 
@@ -22,7 +23,8 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.postgres.pgbench import BenchSpec, run_bench  # noqa: E402
+from app.evidence import bench_spec  # noqa: E402
+from app.postgres.pgbench import run_bench  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.workloads.chbench import QUERIES, Chbench  # noqa: E402
 from app.workloads.tpcc import Tpcc, tpm_c  # noqa: E402
@@ -59,19 +61,7 @@ def main() -> None:
                 flush=True,
             )
             stream = Tpcc(warehouses=w, clients=args.clients).streams()[0]
-            res = run_bench(
-                sb.dsn,
-                BenchSpec(
-                    builtin=None,
-                    scripts=[(s.sql, s.weight) for s in stream.scripts],
-                    clients=args.clients,
-                    jobs=2,
-                    duration_s=args.seconds,
-                    warmup_s=0,
-                    defines=dict(stream.defines),
-                    max_tries=stream.max_tries,
-                ),
-            )
+            res = run_bench(sb.dsn, bench_spec(stream, duration_s=args.seconds, warmup_s=0))
             if not res.ok or res.tx is None:
                 print(json.dumps({"warehouses": w, "error": res.error}), flush=True)
                 continue

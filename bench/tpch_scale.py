@@ -6,8 +6,9 @@ queries once, in order, with ``--timeout`` seconds as statement_timeout. Prints 
 ``load_s``, ``rows``, ``db_mb`` (pg_database_size), ``reuse_s``, ``query_s`` per query
 (null when cancelled) and ``pass_s`` (the default set's sum). Pick the tuning scale from
 ``pass_s``: a run of D seconds holds about D / pass_s power passes. ``--bench D`` then
-runs the power stream through pgbench for D seconds, as the runner would (one script,
-``-D n=0``), and adds ``bench``: transactions, passes and mean latency per query label.
+runs the power stream through pgbench for D seconds as the runner does
+(:func:`app.evidence.bench_spec`: one script, ``-D n=0``, every transaction logged) and
+adds ``bench``: transactions, passes and mean latency per query label.
 
     .venv/bin/python bench/tpch_scale.py --scale 1 [--timeout 300] [--bench 60]
 """
@@ -16,29 +17,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import psycopg
 
-from app.postgres.pgbench import BenchSpec, run_bench
-from app.postgres.sandbox import Sandbox
-from app.workloads.tpch import DEFAULT_QUERIES, QUERY_NAMES, Tpch, postgres_query
+# the checkout's packages first: run as a script, bench/ leads sys.path and its
+# optimizer.py would shadow the optimizer package that app.evidence imports
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.evidence import bench_spec  # noqa: E402
+from app.postgres.pgbench import run_bench  # noqa: E402
+from app.postgres.sandbox import Sandbox  # noqa: E402
+from app.workloads.tpch import DEFAULT_QUERIES, QUERY_NAMES, Tpch, postgres_query  # noqa: E402
 
 
 def power_run(dsn: str, wl: Tpch, seconds: int) -> dict[str, object]:
     (stream,) = wl.streams()
-    spec = BenchSpec(
-        builtin=None,
-        scripts=[(s.sql, s.weight) for s in stream.scripts],
-        clients=stream.clients,
-        jobs=1,
-        duration_s=seconds,
-        warmup_s=0,
-        protocol=stream.protocol,
-        defines=dict(stream.defines),
-        log_sampling=1.0,
-    )
+    spec = bench_spec(stream, duration_s=seconds, warmup_s=0)
     t0 = time.monotonic()
     res = run_bench(dsn, spec)
     wall = time.monotonic() - t0

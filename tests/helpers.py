@@ -13,6 +13,7 @@ from typing import IO, Any
 import httpx
 import psycopg
 
+from app.models import ACTIVE_STATUSES
 from app.postgres.sandbox import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,6 +27,18 @@ WORK_MEM_SQL = (
     "SELECT pg_sleep(CASE WHEN pg_size_bytes(current_setting('work_mem')) > 4194304 "
     "THEN 0.004 ELSE 0.008 END);"
 )
+
+
+def wait_done(client: httpx.Client, sid: int, timeout: float = 300) -> dict[str, Any]:
+    """A session's body once it has finished (succeeded, failed or cancelled)."""
+    deadline = time.monotonic() + timeout
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        body = client.get(f"/api/v1/sessions/{sid}").json()
+        if body["status"] not in ACTIVE_STATUSES:
+            return body
+        time.sleep(0.3)
+    raise AssertionError(f"session {sid} did not finish in {timeout:g} s: {body}")
 
 
 def file_settings(dsn: str) -> list[tuple[Any, ...]]:

@@ -6,24 +6,13 @@ the service loads the data, runs every stream at once and judges per query / tra
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from tests.conftest import SandboxFactory
-
-
-def wait_done(client: TestClient, sid: int, timeout: float = 300) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    body: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        body = client.get(f"/api/v1/sessions/{sid}").json()
-        if body["status"] in {"succeeded", "failed", "cancelled"}:
-            return body
-        time.sleep(0.5)
-    raise AssertionError(f"session {sid} did not finish: {body}")
+from tests.helpers import wait_done
 
 
 def register(client: TestClient, sandbox_factory: SandboxFactory, name: str) -> int:

@@ -11,9 +11,10 @@ import numpy as np
 import psycopg
 import pytest
 
-from app.postgres.pgbench import BenchSpec, run_bench
+from app.evidence import bench_spec
+from app.postgres.pgbench import run_bench, run_streams
 from app.postgres.sandbox import Sandbox
-from app.workloads.base import Script, Stream, WorkloadError, in_turn_script
+from app.workloads.base import Script, WorkloadError, in_turn_script
 from app.workloads.chbench import QUERIES, Chbench
 from tests.app.tpcc_db import ch_template_fixture, copy_of_template  # noqa: F401
 
@@ -120,18 +121,7 @@ def test_olap_labels_match_the_queries_that_ran(dsn: str) -> None:
         stream, scripts=(Script("queries", in_turn_script(slow, stream.stride)),)
     )
     t0 = time.monotonic()
-    res = run_bench(
-        dsn,
-        BenchSpec(
-            builtin=None,
-            scripts=[(s.sql, s.weight) for s in stream.scripts],
-            clients=stream.clients,
-            jobs=1,
-            duration_s=4,
-            warmup_s=0,
-            defines=dict(stream.defines),
-        ),
-    )
+    res = run_bench(dsn, bench_spec(stream, duration_s=4, warmup_s=0))
     assert res.ok, res.error
     assert time.monotonic() - t0 < 30
     assert res.tx is not None
@@ -152,32 +142,14 @@ def test_olap_labels_match_the_queries_that_ran(dsn: str) -> None:
 
 def test_oltp_and_olap_streams_run_together(dsn: str) -> None:
     """Both streams at once, as the runner starts them: each completes its own work."""
-    import threading
-
     streams = Chbench(oltp_clients=2, olap_clients=1, queries=("Q1", "Q6")).streams()
-    results: dict[str, object] = {}
-
-    def run(stream: Stream) -> None:
-        results[stream.name] = run_bench(
-            dsn,
-            BenchSpec(
-                builtin=None,
-                scripts=[(s.sql, s.weight) for s in stream.scripts],
-                clients=stream.clients,
-                jobs=1,
-                duration_s=3,
-                warmup_s=0,
-                defines=dict(stream.defines),
-                max_tries=stream.max_tries,
-            ),
-        )
-
-    threads = [threading.Thread(target=run, args=(s,)) for s in streams]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    for name in ("oltp", "olap"):
-        res = results[name]
-        assert getattr(res, "ok", False), (name, getattr(res, "error", None))
-        assert getattr(res, "transactions", 0) > 2, name
+    assert [s.name for s in streams] == ["oltp", "olap"]
+    t0 = time.monotonic()
+    results = run_streams(dsn, [bench_spec(s, duration_s=3, warmup_s=0) for s in streams])
+    wall = time.monotonic() - t0
+    for stream, res in zip(streams, results, strict=True):
+        assert res.ok, (stream.name, res.error)
+        assert not res.stopped, stream.name
+        assert res.transactions > 2, stream.name
+    # side by side: one after the other would take at least the sum of the two pgbench runs
+    assert wall < sum(r.duration_s for r in results), (wall, [r.duration_s for r in results])

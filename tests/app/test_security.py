@@ -35,7 +35,7 @@ from app.settings import Settings
 from app.tuning import rows_to_json
 from optimizer.catalogue import CATALOGUE, Hardware
 from optimizer.knobs import KnobValueError
-from tests.helpers import file_settings
+from tests.helpers import file_settings, wait_done
 
 FUZZ_PER_OPERATION = 40  # per generation mode: 14 operations with inputs x 2 x 40 ~ 1,100
 MIN_REQUESTS = 1000
@@ -207,16 +207,6 @@ def _everything_served(client: TestClient) -> dict[str, str]:
     return out
 
 
-def _wait(client: TestClient, sid: int, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        s: dict[str, Any] = client.get(f"/api/v1/sessions/{sid}").json()
-        if s["status"] not in ("queued", "running"):
-            return s
-        time.sleep(0.3)
-    raise AssertionError(f"session {sid} did not finish")
-
-
 def test_dsn_password_never_appears(
     client: TestClient,
     sandbox_factory: Any,
@@ -239,7 +229,7 @@ def test_dsn_password_never_appears(
               "workload": {"builtin": "select-only", "scale": 1, "clients": 2, "jobs": 1,
                            "duration_s": 2, "warmup_s": 1}},
     ).json()["id"]  # fmt: skip
-    assert _wait(client, sid)["status"] == "succeeded"
+    assert wait_done(client, sid, timeout=120)["status"] == "succeeded"
 
     # Failed connections, in both DSN forms, at registration ...
     for i, dsn in enumerate(
@@ -263,7 +253,7 @@ def test_dsn_password_never_appears(
         "/api/v1/sessions",
         json={"target_id": t["id"], "knobs": ["work_mem"], "workload": {"scale": 1}},
     ).json()["id"]
-    failed = _wait(client, sid2)
+    failed = wait_done(client, sid2, timeout=120)
     assert failed["status"] == "failed"
     assert "cannot connect" in failed["error"]
     assert "password=***" in failed["error"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -22,19 +21,9 @@ from app.schemas import SessionIn
 from app.tuning import session_optimizer
 from app.workloads.base import Script, Stream
 from optimizer.evidence import ScriptStat, StreamStat
-from tests.helpers import WORK_MEM_SQL
+from tests.helpers import WORK_MEM_SQL, wait_done
 
 POINT_READ = "\\set aid random(1, 100000)\nSELECT abalance FROM pgbench_accounts WHERE aid = :aid;"
-
-
-def wait_done(client: TestClient, sid: int, timeout: float = 240) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        body: dict[str, Any] = client.get(f"/api/v1/sessions/{sid}").json()
-        if body["status"] in {"succeeded", "failed", "cancelled"}:
-            return body
-        time.sleep(0.5)
-    raise AssertionError(f"session {sid} did not finish: {body}")
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +149,7 @@ def test_query_time_session_on_two_scripts_keeps_work_mem_and_replays_from_evide
     )
     assert r.status_code == 202, r.text
     sid = int(r.json()["id"])
-    final = wait_done(client, sid)
+    final = wait_done(client, sid, timeout=240)
     assert final["status"] == "succeeded", final
     start_mem = client.get(f"/api/v1/sessions/{sid}/trials").json()[0]["config"]["work_mem"]
     assert start_mem == "4MB"

@@ -9,7 +9,8 @@ import numpy as np
 import psycopg
 import pytest
 
-from app.postgres.pgbench import BenchResult, BenchSpec, run_bench
+from app.evidence import bench_spec
+from app.postgres.pgbench import BenchResult, run_bench
 from app.postgres.sandbox import Sandbox
 from app.workloads.base import Stream, WorkloadError
 from app.workloads.tpcc import MARKER, TRANSACTION_MIX, Tpcc, loaded_warehouses, tpm_c
@@ -29,20 +30,9 @@ def _one(dsn: str, sql: str) -> object:
     return row[0]
 
 
-def _bench(dsn: str, stream: Stream, seconds: int, clients: int) -> BenchResult:
-    spec = BenchSpec(
-        builtin=None,
-        scripts=[(s.sql, s.weight) for s in stream.scripts],
-        clients=clients,
-        jobs=1,
-        duration_s=seconds,
-        warmup_s=0,
-        protocol=stream.protocol,
-        defines=dict(stream.defines),
-        max_tries=stream.max_tries,
-        isolation=stream.isolation,
-    )
-    return run_bench(dsn, spec)
+def _bench(dsn: str, stream: Stream, seconds: int) -> BenchResult:
+    """One run of the stream, as the runner runs it."""
+    return run_bench(dsn, bench_spec(stream, duration_s=seconds, warmup_s=0))
 
 
 def test_loader_follows_the_spec_cardinalities(dsn: str) -> None:
@@ -150,10 +140,10 @@ def test_delivery_delivers_the_oldest_order_of_each_district(dsn: str) -> None:
 
 
 def test_a_short_run_follows_the_mix_and_commits(dsn: str) -> None:
-    stream = Tpcc(protocol="prepared").streams()[0]
+    stream = Tpcc(clients=4, protocol="prepared").streams()[0]
     assert [s.name for s in stream.scripts] == list(TRANSACTION_MIX)
     orders = _one(dsn, "SELECT count(*) FROM orders")
-    res = _bench(dsn, stream, seconds=6, clients=4)
+    res = _bench(dsn, stream, seconds=6)
     assert res.ok, res.error
     assert res.failed_transactions == 0
     assert res.tx is not None
@@ -174,8 +164,8 @@ def test_a_short_run_follows_the_mix_and_commits(dsn: str) -> None:
 
 
 def test_serializable_with_retries_counts_failures_and_goes_on(dsn: str) -> None:
-    stream = Tpcc(isolation="serializable", max_tries=5).streams()[0]
-    res = _bench(dsn, stream, seconds=4, clients=4)
+    stream = Tpcc(clients=4, isolation="serializable", max_tries=5).streams()[0]
+    res = _bench(dsn, stream, seconds=4)
     assert res.ok, res.error
     assert res.summary is not None
     assert res.transactions > 100

@@ -11,7 +11,8 @@ import numpy as np
 import psycopg
 import pytest
 
-from app.postgres.pgbench import BenchSpec, run_bench
+from app.evidence import bench_spec
+from app.postgres.pgbench import run_bench
 from app.postgres.sandbox import Sandbox
 from app.workloads.base import Script, Stream, WorkloadError, in_turn_script
 from app.workloads.tpch import (
@@ -50,23 +51,9 @@ def _counts(dsn: str) -> dict[str, int]:
         }
 
 
-def _bench(dsn: str, stream: Stream, seconds: int = 3) -> BenchSpec:
-    """The BenchSpec the runner makes of a stream (one pgbench process)."""
-    return BenchSpec(
-        builtin=None,
-        scripts=[(s.sql, s.weight) for s in stream.scripts],
-        clients=stream.clients,
-        jobs=1,
-        duration_s=seconds,
-        warmup_s=0,
-        protocol=stream.protocol,
-        defines=dict(stream.defines),
-        log_sampling=1.0,
-    )
-
-
 def _labelled(dsn: str, stream: Stream, seconds: int = 3) -> dict[str, list[float]]:
-    res = run_bench(dsn, _bench(dsn, stream, seconds))
+    """Each label's latencies from one run of the stream, as the runner runs it."""
+    res = run_bench(dsn, bench_spec(stream, duration_s=seconds, warmup_s=0))
     assert res.ok, res.error
     assert res.failed_transactions == 0
     assert res.tx is not None
