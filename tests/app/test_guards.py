@@ -32,7 +32,7 @@ from optimizer.guard import (
     memory_guard,
     warmed_up,
 )
-from tests.helpers import file_settings
+from tests.helpers import file_settings, wait_done
 
 MB = 1024 * 1024
 PG15_DEFAULTS = {
@@ -191,13 +191,8 @@ def run_session(
     r = client.post("/api/v1/sessions", json={"target_id": tid, **body})
     assert r.status_code == 202, r.text
     sid = r.json()["id"]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        s = client.get(f"/api/v1/sessions/{sid}").json()
-        if s["status"] not in ("queued", "running"):
-            return s, client.get(f"/api/v1/sessions/{sid}/trials").json()
-        time.sleep(0.3)
-    raise AssertionError(f"session {sid} did not finish: {s}")
+    s = wait_done(client, sid, timeout)
+    return s, client.get(f"/api/v1/sessions/{sid}/trials").json()
 
 
 def test_memory_guard_rejects_before_apply_and_narrows(
