@@ -241,19 +241,25 @@ def confirm(
     return levels
 
 
-def summarize(levels: dict[str, list[float]], seed: int = 0) -> dict[str, Any]:
+def summarize(
+    levels: dict[str, list[float]], lower_is_better: bool = False, seed: int = 0
+) -> dict[str, Any]:
+    """Per config: the median run in the objective's units (tps; for a query-time objective,
+    ms, the level being 1 / time) with a bootstrap 95% interval, and every run."""
     rng = np.random.default_rng(seed)
     out: dict[str, Any] = {}
     for label, xs in levels.items():
-        arr = np.array(xs)
+        arr = 1.0 / np.array(xs) if lower_is_better else np.array(xs)
         boots = np.median(rng.choice(arr, size=(10_000, arr.size), replace=True), axis=1)
+
+        def sig(x: float) -> float:
+            return float(f"{x:.4g}")
+
         out[label] = {
-            "median_tps": round(float(np.median(arr)), 2),
-            "ci95": [
-                round(float(np.percentile(boots, 2.5)), 2),
-                round(float(np.percentile(boots, 97.5)), 2),
-            ],
-            "runs": [round(x, 2) for x in xs],
+            "unit": "ms" if lower_is_better else "tps",
+            "median": sig(float(np.median(arr))),
+            "ci95": [sig(float(np.percentile(boots, 2.5))), sig(float(np.percentile(boots, 97.5)))],
+            "runs": [sig(float(x)) for x in arr],
         }
     return out
 
@@ -311,8 +317,8 @@ def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
         configs = {"default": {}, "pgtune": pgtune_config, "knobtune": session["best_config"]}
         print(f"{name}: confirmation, {args.rounds} rounds of A/B/C", file=sys.stderr)
         levels = confirm(sb, configs, spec, args)
-    summary = summarize(levels)
     lower = Objective(kind=spec.get("objective", "throughput")).lower_is_better
+    summary = summarize(levels, lower)
     vs_default = paired_gain(levels["knobtune"], levels["default"], lower)
     vs_pgtune = paired_gain(levels["knobtune"], levels["pgtune"], lower)
     claimed = session["claimed_gain"]
