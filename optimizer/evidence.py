@@ -80,7 +80,11 @@ samples of long queries escape false keeps only because each run is too imprecis
 anything. A prior of 15% ends the no-op keeps (0/12, 1/16) and every keep of a real
 effect (0/11): three runs per side cannot separate +20% from that drift. The descent
 learns the drift from a session's replicates (``CoordinateDescent._noise``) and flags
-load shifts between an incumbent's runs; a recording on a quiet host is still owed.
+load shifts between an incumbent's runs. On the host with no other job (load 0.8-2.1,
+8+8 runs of 30 s, B at 8MB) runs still moved 9-10% between runs and the effect was only
++13.1% [2.7, 24.6]: a no-op kept in 0/12 adjacent windows per transaction (6.2% [3.1,
+12.3] of combinations), the +13% effect in 4/11 (49.6%); per second 0/12 and 0/11 (0%,
+1.5%). TPC-B quiet: both paths keep its +59% in 5/5 windows and no no-op (0/8).
 """
 
 from __future__ import annotations

@@ -22,30 +22,32 @@ def register(client: TestClient, sandbox_factory: SandboxFactory, name: str) -> 
     return int(r.json()["id"])
 
 
-def test_tpch_session_judges_queries_and_reports_them(
-    client: TestClient, sandbox_factory: SandboxFactory
-) -> None:
-    target = register(client, sandbox_factory, "tpch")
+def tune(
+    client: TestClient, target: int, workload: dict[str, Any], **fields: Any
+) -> dict[str, Any]:
+    """A short session on ``workload`` (work_mem only, 4 s runs), run to its end."""
     body = {
         "target_id": target,
         "knobs": ["work_mem"],
-        "workload": {
-            "builtin": "tpch",
-            "scale": 0.01,
-            "queries": ["Q1", "Q3", "Q6"],
-            "duration_s": 4,
-            "warmup_s": 1,
-        },
-        "workload_kind": "analytics",
-        "objective": "query_time_geomean",
+        "workload": {**workload, "duration_s": 4, "warmup_s": 1},
         "max_trials": 7,
         "final_check_runs": 2,
         "seed": 1,
+        **fields,
     }
     r = client.post("/api/v1/sessions", json=body)
     assert r.status_code == 202, r.text
     s = wait_done(client, r.json()["id"])
     assert s["status"] == "succeeded", s["error"]
+    return s
+
+
+def test_tpch_session_judges_queries_and_reports_them(
+    client: TestClient, sandbox_factory: SandboxFactory
+) -> None:
+    target = register(client, sandbox_factory, "tpch")
+    tpch = {"builtin": "tpch", "scale": 0.01, "queries": ["Q1", "Q3", "Q6"]}
+    s = tune(client, target, tpch, workload_kind="analytics", objective="query_time_geomean")
     assert any("TPC-H SF 0.01" in str(n) for n in s["notes"]), s["notes"]
     trials = client.get(f"/api/v1/sessions/{s['id']}/trials").json()
     measured = [t for t in trials if t["streams"]]
@@ -61,28 +63,14 @@ def test_chbench_runs_an_oltp_and_an_olap_stream_measured_apart(
     client: TestClient, sandbox_factory: SandboxFactory
 ) -> None:
     target = register(client, sandbox_factory, "chbench")
-    body = {
-        "target_id": target,
-        "knobs": ["work_mem"],
-        "workload": {
-            "builtin": "chbench",
-            "scale": 1,
-            "clients": 2,
-            "olap_clients": 1,
-            "queries": ["Q1", "Q6"],
-            "duration_s": 4,
-            "warmup_s": 1,
-        },
-        "objective_stream": "oltp",
-        "p95_limits": {"olap": 0.5},
-        "max_trials": 7,
-        "final_check_runs": 2,
-        "seed": 1,
-    }
-    r = client.post("/api/v1/sessions", json=body)
-    assert r.status_code == 202, r.text
-    s = wait_done(client, r.json()["id"])
-    assert s["status"] == "succeeded", s["error"]
+    ch = {"builtin": "chbench", "scale": 1, "clients": 2, "olap_clients": 1}
+    s = tune(
+        client,
+        target,
+        {**ch, "queries": ["Q1", "Q6"]},
+        objective_stream="oltp",
+        p95_limits={"olap": 0.5},
+    )
     trials = client.get(f"/api/v1/sessions/{s['id']}/trials").json()
     first = next(t for t in trials if t["streams"])
     by_name = {st["stream"]: st for st in first["streams"]}

@@ -16,20 +16,13 @@ from app.postgres.pgbench import run_bench, run_streams
 from app.postgres.sandbox import Sandbox
 from app.workloads.base import Script, WorkloadError, in_turn_script
 from app.workloads.chbench import QUERIES, Chbench
-from tests.app.tpcc_db import ch_template_fixture, copy_of_template  # noqa: F401
+from tests.app.tpcc_db import ch_template_fixture, copy_of_template, one  # noqa: F401
 
 
 @pytest.fixture(scope="module")
 def dsn(sandbox: Sandbox, ch_template: str) -> Iterator[str]:
     """This module's copy of the session's 1-warehouse load (tests/app/tpcc_db.py)."""
     yield from copy_of_template(sandbox, "knobtune_chbench_test")
-
-
-def _one(dsn: str, sql: str) -> object:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(sql).fetchone()
-    assert row is not None
-    return row[0]
 
 
 def test_one_load_says_what_it_loaded(ch_template: str) -> None:
@@ -41,11 +34,11 @@ def test_one_load_says_what_it_loaded(ch_template: str) -> None:
 
 
 def test_extra_tables_and_the_supplier_mapping(dsn: str) -> None:
-    assert _one(dsn, "SELECT count(*) FROM supplier") == 10_000
-    assert _one(dsn, "SELECT count(*) FROM nation") == 62
-    assert _one(dsn, "SELECT count(*) FROM region") == 5
+    assert one(dsn, "SELECT count(*) FROM supplier") == 10_000
+    assert one(dsn, "SELECT count(*) FROM nation") == 62
+    assert one(dsn, "SELECT count(*) FROM region") == 5
     mapped = "SELECT count(*) FROM stock WHERE s_su_suppkey <> mod(s_w_id * s_i_id, 10000)"
-    assert _one(dsn, mapped) == 0
+    assert one(dsn, mapped) == 0
     # every stock row finds its supplier, every supplier and customer its nation
     for orphans in (
         "stock LEFT JOIN supplier ON s_su_suppkey = su_suppkey WHERE su_suppkey IS NULL",
@@ -53,9 +46,9 @@ def test_extra_tables_and_the_supplier_mapping(dsn: str) -> None:
         "customer LEFT JOIN nation ON ascii(substr(c_state, 1, 1)) = n_nationkey "
         "WHERE n_nationkey IS NULL",
     ):
-        assert _one(dsn, f"SELECT count(*) FROM {orphans}") == 0, orphans
+        assert one(dsn, f"SELECT count(*) FROM {orphans}") == 0, orphans
     europe = "SELECT count(*) FROM nation JOIN region ON n_regionkey = r_regionkey"
-    assert _one(dsn, f"{europe} WHERE r_name = 'Europe'") == 20
+    assert one(dsn, f"{europe} WHERE r_name = 'Europe'") == 20
 
 
 def test_second_prepare_reuses_everything(dsn: str) -> None:

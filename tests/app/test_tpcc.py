@@ -14,20 +14,13 @@ from app.postgres.pgbench import BenchResult, run_bench
 from app.postgres.sandbox import Sandbox
 from app.workloads.base import Stream, WorkloadError
 from app.workloads.tpcc import MARKER, TRANSACTION_MIX, Tpcc, loaded_warehouses, tpm_c
-from tests.app.tpcc_db import ch_template_fixture, copy_of_template  # noqa: F401
+from tests.app.tpcc_db import ch_template_fixture, copy_of_template, one  # noqa: F401
 
 
 @pytest.fixture(scope="module")
 def dsn(sandbox: Sandbox, ch_template: str) -> Iterator[str]:
     """This module's copy of the session's 1-warehouse load (tests/app/tpcc_db.py)."""
     yield from copy_of_template(sandbox, "knobtune_tpcc_test")
-
-
-def _one(dsn: str, sql: str) -> object:
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(sql).fetchone()
-    assert row is not None
-    return row[0]
 
 
 def _bench(dsn: str, stream: Stream, seconds: int) -> BenchResult:
@@ -37,7 +30,7 @@ def _bench(dsn: str, stream: Stream, seconds: int) -> BenchResult:
 
 def test_loader_follows_the_spec_cardinalities(dsn: str) -> None:
     counts = {
-        t: _one(dsn, f"SELECT count(*) FROM {t}")
+        t: one(dsn, f"SELECT count(*) FROM {t}")
         for t in ("item", "warehouse", "district", "customer", "history", "stock", "orders")
     }
     assert counts == {
@@ -49,20 +42,20 @@ def test_loader_follows_the_spec_cardinalities(dsn: str) -> None:
         "stock": 100_000,
         "orders": 30_000,
     }
-    assert _one(dsn, "SELECT count(*) FROM new_order") == 9_000
-    assert _one(dsn, "SELECT min(no_o_id) FROM new_order") == 2101
-    lines = _one(dsn, "SELECT count(*) FROM order_line")
+    assert one(dsn, "SELECT count(*) FROM new_order") == 9_000
+    assert one(dsn, "SELECT min(no_o_id) FROM new_order") == 2101
+    lines = one(dsn, "SELECT count(*) FROM order_line")
     assert isinstance(lines, int)
     assert 290_000 < lines < 310_000  # 5..15 per order, 10 on average
-    assert _one(dsn, "SELECT sum(o_ol_cnt) FROM orders") == lines
+    assert one(dsn, "SELECT sum(o_ol_cnt) FROM orders") == lines
     # every customer of a district has exactly one order (a permutation)
-    assert _one(dsn, "SELECT count(DISTINCT (o_d_id, o_c_id)) FROM orders") == 30_000
+    assert one(dsn, "SELECT count(DISTINCT (o_d_id, o_c_id)) FROM orders") == 30_000
     # the first 1000 customers of a district carry the 1000 last names in order
-    assert _one(dsn, "SELECT c_last FROM customer WHERE c_d_id = 1 AND c_id = 1") == "BARBARBAR"
+    assert one(dsn, "SELECT c_last FROM customer WHERE c_d_id = 1 AND c_id = 1") == "BARBARBAR"
     assert (
-        _one(dsn, "SELECT c_last FROM customer WHERE c_d_id = 1 AND c_id = 372") == "PRICALLYOUGHT"
+        one(dsn, "SELECT c_last FROM customer WHERE c_d_id = 1 AND c_id = 372") == "PRICALLYOUGHT"
     )
-    names = _one(dsn, "SELECT count(DISTINCT c_last) FROM customer WHERE c_d_id = 1")
+    names = one(dsn, "SELECT count(DISTINCT c_last) FROM customer WHERE c_d_id = 1")
     assert names == 1000
     # ~10% ORIGINAL in item and stock data, ~10% bad credit
     for sql in (
@@ -70,10 +63,10 @@ def test_loader_follows_the_spec_cardinalities(dsn: str) -> None:
         "SELECT avg((s_data LIKE '%ORIGINAL%')::int) FROM stock",
         "SELECT avg((c_credit = 'BC')::int) FROM customer",
     ):
-        share = float(str(_one(dsn, sql)))
+        share = float(str(one(dsn, sql)))
         assert 0.08 < share < 0.12, sql
     # NURand skews the non-sequential last names: the most common one is far above 1/1000
-    top = _one(
+    top = one(
         dsn,
         "SELECT max(n) FROM (SELECT count(*) n FROM customer WHERE c_id > 1000 GROUP BY c_last) t",
     )
@@ -142,7 +135,7 @@ def test_delivery_delivers_the_oldest_order_of_each_district(dsn: str) -> None:
 def test_a_short_run_follows_the_mix_and_commits(dsn: str) -> None:
     stream = Tpcc(clients=4, protocol="prepared").streams()[0]
     assert [s.name for s in stream.scripts] == list(TRANSACTION_MIX)
-    orders = _one(dsn, "SELECT count(*) FROM orders")
+    orders = one(dsn, "SELECT count(*) FROM orders")
     res = _bench(dsn, stream, seconds=6)
     assert res.ok, res.error
     assert res.failed_transactions == 0
@@ -156,7 +149,7 @@ def test_a_short_run_follows_the_mix_and_commits(dsn: str) -> None:
         assert abs(counts[i] / n - p) < tol, (name, counts[i] / n, p)
     # every new-order committed its order except the ~1% rolled back on an unused item
     new_orders = int(counts[0])
-    added = _one(dsn, "SELECT count(*) FROM orders")
+    added = one(dsn, "SELECT count(*) FROM orders")
     assert isinstance(orders, int)
     assert isinstance(added, int)
     assert 0.9 * new_orders <= added - orders <= new_orders

@@ -44,3 +44,11 @@ def copy_of_template(sandbox: Sandbox, db: str) -> Iterator[str]:
     yield _dsn(sandbox, db)
     with psycopg.connect(sandbox.dsn, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+def one(dsn: str, sql: str) -> object:
+    """The first column of the first row of ``sql``."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(sql).fetchone()
+    assert row is not None
+    return row[0]

@@ -26,12 +26,17 @@ LONG_NICED = DATA / "long-query-runs-niced.json.gz"
 TPCB_NICED = DATA / "tpcb-runs-niced.json.gz"
 # and with config B at work_mem 8MB instead of 64MB, 30 s runs (bench/record_long.py)
 LONG_WM8 = DATA / "long-query-runs-niced-wm8.json.gz"
+# the same as LONG_WM8 (8+8 runs of 30 s) on the host with no other job running, niced
+LONG_QUIET = DATA / "long-query-runs-quiet.json.gz"
+TPCB_QUIET = DATA / "tpcb-runs-quiet.json.gz"
 RECORDINGS = {
     "long_queries_busy": LONG,
     "tpcb_busy": TPCB,
     "long_queries_niced": LONG_NICED,
     "long_queries_niced_wm8": LONG_WM8,
     "tpcb_niced": TPCB_NICED,
+    "long_queries_quiet_wm8": LONG_QUIET,
+    "tpcb_quiet": TPCB_QUIET,
 }
 
 
