@@ -426,10 +426,12 @@ def get_sweep(db: Database, sweep_id: int) -> Sweep:
 
 
 def list_sweeps(db: Database, target_id: int | None = None, limit: int = 100) -> list[Sweep]:
+    from app.service import _id
+
     with db.session() as s:
         q = select(Sweep).order_by(Sweep.id.desc()).limit(limit)
         if target_id is not None:
-            q = q.where(Sweep.target_id == target_id)
+            q = q.where(Sweep.target_id == _id(target_id))
         return list(s.scalars(q).all())
 
 
