@@ -327,11 +327,13 @@ class SessionRunner:
             self._loop(ctl, prepared)
             if prepared.optimizer.final_verdict is not None:
                 self._note(_final_check_text(prepared.optimizer))
-            if prepared.optimizer.stop_reason == "baseline runs failed":
-                raise TargetError(
-                    "the baseline could not be measured twice in a row"
-                    + (f" (last error: {self._last_error})" if self._last_error else "")
+            reason = prepared.optimizer.stop_reason or ""
+            if reason.startswith("baseline runs failed"):
+                why = reason.partition(": ")[2] or (
+                    f"last error: {self._last_error}" if self._last_error else ""
                 )
+                what = "the baseline could not be measured twice in a row"
+                raise TargetError(f"{what} ({why})" if why else what)
             self._finish(ctl, prepared.snapshot, "succeeded", best=prepared.optimizer.incumbent)
         except (LeaseLost, MetadataUnavailable):
             raise

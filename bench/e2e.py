@@ -54,7 +54,7 @@ from app.postgres.target import TargetController  # noqa: E402
 from app.schemas import WorkloadIn  # noqa: E402
 from app.workloads import workload_for  # noqa: E402
 from optimizer.catalogue import CATALOGUE, Hardware  # noqa: E402
-from optimizer.evidence import Objective, run_level  # noqa: E402
+from optimizer.evidence import FLOOR, Objective, run_level, unfinished  # noqa: E402
 from optimizer.heuristic import db_type_for, pgtune  # noqa: E402
 from tests.helpers import ServiceProcess  # noqa: E402
 
@@ -201,11 +201,13 @@ def tune(
 
 def confirm(
     sb: Sandbox, configs: dict[str, dict[str, str]], spec: dict[str, Any], args: argparse.Namespace
-) -> dict[str, list[float]]:
+) -> tuple[dict[str, list[float | None]], dict[str, list[list[str]]]]:
     """Interleaved runs: warm-up (discarded) then a measured run, config after config.
 
     Each run is every stream of the workload at once, levelled from its transactions by
-    the session's objective (as the verdict does), reported as exp(level).
+    the session's objective (as the verdict does), reported as exp(level). A run in which
+    some designed query never finished has no level (None; the verdict does not use such
+    a run either): its missing stream/label names are returned beside.
     """
     ctl = TargetController(sb.dsn, restart_command=sb.restart_command, data_dir=sb.data_dir)
     wl = WorkloadIn.model_validate({**spec["workload"], "duration_s": 60, "warmup_s": 5})
@@ -217,7 +219,8 @@ def confirm(
     warm = [bench_spec(st, duration_s=args.confirm_warmup, warmup_s=0) for st in streams]
     names = sorted({k for c in configs.values() for k in c})
     snapshot = ctl.snapshot(names)
-    levels: dict[str, list[float]] = {k: [] for k in configs}
+    levels: dict[str, list[float | None]] = {k: [] for k in configs}
+    missing: dict[str, list[list[str]]] = {k: [] for k in configs}
     try:
         for rnd in range(args.rounds):
             for label, config in configs.items():
@@ -233,22 +236,36 @@ def confirm(
                 if not all(r.ok for r in results) or any(x is None for x in stats):
                     errors = "; ".join(str(r.error) for r in results if not r.ok)
                     raise RuntimeError(f"confirmation run of {label} failed: {errors}")
-                level = run_level([x for x in stats if x is not None], objective)
-                levels[label].append(math.exp(level.centre))
-                print(f"  round {rnd + 1} {label}: level {levels[label][-1]:.4g}", file=sys.stderr)
+                done = [x for x in stats if x is not None]
+                level = run_level(done, objective)
+                gone = unfinished(done)
+                levels[label].append(None if level.centre <= FLOOR else math.exp(level.centre))
+                missing[label].append(gone)
+                figures = ", ".join(f"{x.name} {x.transactions} tx" for x in done)
+                shown = "incomplete" if gone else f"{math.exp(level.centre):.4g}"
+                print(
+                    f"  round {rnd + 1} {label}: level {shown} ({figures}"
+                    f"{'; never finished: ' + ' '.join(gone) if gone else ''})",
+                    file=sys.stderr,
+                )
     finally:
         ctl.revert(snapshot)
-    return levels
+    return levels, missing
 
 
 def summarize(
-    levels: dict[str, list[float]], lower_is_better: bool = False, seed: int = 0
+    levels: dict[str, list[float | None]], lower_is_better: bool = False, seed: int = 0
 ) -> dict[str, Any]:
-    """Per config: the median run in the objective's units (tps; for a query-time objective,
-    ms, the level being 1 / time) with a bootstrap 95% interval, and every run."""
+    """Per config: the median complete run in the objective's units (tps; for a query-time
+    objective, ms, the level being 1 / time) with a bootstrap 95% interval, every run
+    (None: incomplete) and how many were incomplete."""
     rng = np.random.default_rng(seed)
     out: dict[str, Any] = {}
-    for label, xs in levels.items():
+    for label, runs in levels.items():
+        xs = [x for x in runs if x is not None]
+        if not xs:
+            out[label] = {"median": None, "runs": runs, "incomplete_runs": len(runs)}
+            continue
         arr = 1.0 / np.array(xs) if lower_is_better else np.array(xs)
         boots = np.median(rng.choice(arr, size=(10_000, arr.size), replace=True), axis=1)
 
@@ -259,17 +276,24 @@ def summarize(
             "unit": "ms" if lower_is_better else "tps",
             "median": sig(float(np.median(arr))),
             "ci95": [sig(float(np.percentile(boots, 2.5))), sig(float(np.percentile(boots, 97.5)))],
-            "runs": [sig(float(x)) for x in arr],
+            "runs": [None if x is None else sig(1.0 / x if lower_is_better else x) for x in runs],
+            "incomplete_runs": len(runs) - len(xs),
         }
     return out
 
 
-def paired_gain(c: list[float], ref: list[float], lower_is_better: bool = False) -> dict[str, Any]:
-    """Gain of c over ref from per-round log ratios of levels (levels: higher is better).
+def paired_gain(
+    c: list[float | None], ref: list[float | None], lower_is_better: bool = False
+) -> dict[str, Any]:
+    """Gain of c over ref from per-round log ratios of levels (levels: higher is better),
+    over the rounds where both runs are complete.
 
     ``lower_is_better``: the objective is a time; the gain is the fraction of time saved.
     """
-    d = np.log(np.array(c)) - np.log(np.array(ref))
+    pairs = [(x, y) for x, y in zip(c, ref, strict=True) if x is not None and y is not None]
+    if not pairs:
+        return {"gain": None, "ci95": None, "p_value": None, "rounds": 0}
+    d = np.log(np.array([x for x, _ in pairs])) - np.log(np.array([y for _, y in pairs]))
     n = d.size
     mean, sd = float(d.mean()), float(d.std(ddof=1)) if n > 1 else 0.0
     half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n) if n > 1 and sd > 0 else 0.0
@@ -282,6 +306,7 @@ def paired_gain(c: list[float], ref: list[float], lower_is_better: bool = False)
         "gain": gain(mean),
         "ci95": [gain(mean - half), gain(mean + half)],
         "p_value": None if p is None else round(p, 5),
+        "rounds": n,
     }
 
 
@@ -316,14 +341,16 @@ def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
         pgtune_config = {k: v for k, v in pgtune(hw, db_type).items() if k in CATALOGUE}
         configs = {"default": {}, "pgtune": pgtune_config, "knobtune": session["best_config"]}
         print(f"{name}: confirmation, {args.rounds} rounds of A/B/C", file=sys.stderr)
-        levels = confirm(sb, configs, spec, args)
+        levels, missing = confirm(sb, configs, spec, args)
     lower = Objective(kind=spec.get("objective", "throughput")).lower_is_better
     summary = summarize(levels, lower)
     vs_default = paired_gain(levels["knobtune"], levels["default"], lower)
     vs_pgtune = paired_gain(levels["knobtune"], levels["pgtune"], lower)
     claimed = session["claimed_gain"]
-    kept = (vs_default["gain"] / claimed) if claimed and claimed > 0 else None
-    low, high = vs_default["ci95"]
+    kept = (
+        (vs_default["gain"] / claimed) if claimed and claimed > 0 and vs_default["gain"] else None
+    )
+    low, high = vs_default["ci95"] or (None, None)
     return {
         "workload": spec["description"],
         "session": session,
@@ -331,11 +358,14 @@ def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "pgtune_db_type": db_type,
         "configs": {"pgtune": pgtune_config, "knobtune": session["best_config"]},
         "confirmation": summary,
+        "confirmation_never_finished": missing,
         "knobtune_vs_default": vs_default,
         "knobtune_vs_pgtune": vs_pgtune,
         "share_of_claimed_gain_confirmed": None if kept is None else round(kept, 3),
         # a small claim's share is mostly noise: is the claim inside the confirmed interval?
-        "claim_within_confirmed_ci95": claimed is not None and low <= claimed <= high,
+        "claim_within_confirmed_ci95": None
+        if low is None or high is None
+        else claimed is not None and low <= claimed <= high,
     }
 
 

@@ -93,7 +93,14 @@ from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from optimizer.evidence import FLOOR, Objective, StreamStat, as_objective, run_level
+from optimizer.evidence import (
+    FLOOR,
+    Objective,
+    StreamStat,
+    as_objective,
+    run_level,
+    unfinished,
+)
 from optimizer.knobs import Config, Knob, KnobError
 from optimizer.render import KnobNote, Recommendation
 from optimizer.verdict import (
@@ -805,7 +812,13 @@ class CoordinateDescent:
             if isinstance(m, _Cancel) or self._record(base_key, m) is None:
                 failures += 1
                 if failures >= 2:  # the unchanged server cannot be benchmarked: nothing to do
-                    self.stop_reason = "baseline runs failed"
+                    gone = [] if isinstance(m, _Cancel) else unfinished(m.streams)
+                    self.stop_reason = "baseline runs failed" + (
+                        f": {', '.join(gone)} never finished within a run; give the "
+                        "workload a longer duration_s"
+                        if gone
+                        else ""
+                    )
                     return
         joint = {
             n: h
@@ -982,7 +995,15 @@ class CoordinateDescent:
             if self._record(key, m) is None:
                 if knob is not None:
                     self._forbid(knob, value)
-                why = m.error or ("run failed" if m.failed else "no usable samples")
+                gone = unfinished(m.streams)
+                why = m.error or (
+                    "run failed"
+                    if m.failed
+                    else f"{', '.join(gone)} never finished within the run (a longer "
+                    "duration_s gives every query time to finish)"
+                    if gone
+                    else "no usable samples"
+                )
                 return self._finish(name, text, Verdict(False, 0.0, None, f"rejected: {why}"))
             cand.append(self._runs[key][-1])
             if since < 0:

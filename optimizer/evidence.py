@@ -334,6 +334,17 @@ def summarize_stream(
 FLOOR = math.log(1e-9)  # the level of a stream that completed nothing
 
 
+def unfinished(streams: Sequence[StreamStat]) -> list[str]:
+    """``stream/label`` of each designed script or query that no transaction of the run
+    finished: the run has no level to compare like with like (:func:`stream_level`)."""
+    return [
+        f"{s.name}/{x.label}"
+        for s in streams
+        for x in s.scripts
+        if x.share > 0 and (x.mean_ms is None or x.mean_ms <= 0)
+    ]
+
+
 def stream_level(s: StreamStat, kind: ObjectiveKind) -> tuple[float, float]:
     """(log level, its variance) of one stream; higher is better."""
     designed = [x for x in s.scripts if x.share > 0]

@@ -546,3 +546,45 @@ def test_auto_evidence_settles_on_the_first_run(tps: float, objective: str, sett
     assert second is not None
     opt.register(second, Measurement(samples=(tps,) * 10))
     assert opt.trials_done == 2
+
+
+def _mix(done: dict[str, float | None]) -> StreamStat:
+    """An in-turn stream of queries; None: the query never finished within the run."""
+    scripts = tuple(
+        ScriptStat(label=q, share=1.0, n=0 if ms is None else 10, failed=0, mean_ms=ms,
+                   var_mean=1.0)
+        for q, ms in done.items()
+    )  # fmt: skip
+    return StreamStat(name="olap", clients=1, scripts=scripts)
+
+
+def test_a_query_that_never_finishes_rejects_the_candidate_and_says_so() -> None:
+    space = knob_space(["work_mem"], Hardware(ram_bytes=8 * GB, cpus=2))
+    opt = CoordinateDescent(
+        space, {}, objective="query_time_geomean", max_trials=20, final_runs=0, hints={}
+    )
+    verdicts = []
+    while (c := opt.suggest()) is not None:
+        slow = c.role == "candidate"  # every candidate leaves Q9 unfinished
+        m = Measurement(
+            samples=(1.0,) * 10, streams=(_mix({"Q1": 900.0, "Q9": None if slow else 4000.0}),)
+        )
+        if (v := opt.register(c, m)) is not None:
+            verdicts.append(v)
+    assert verdicts
+    assert all(not v.keep for v in verdicts)
+    assert all("olap/Q9 never finished within the run" in v.reason for v in verdicts), verdicts
+    assert opt.incumbent == opt.baseline
+
+
+def test_a_baseline_that_never_finishes_a_query_stops_saying_what_to_change() -> None:
+    space = knob_space(["work_mem"], Hardware(ram_bytes=8 * GB, cpus=2))
+    opt = CoordinateDescent(space, {}, objective="query_time_geomean", max_trials=20, final_runs=0)
+    while (c := opt.suggest()) is not None:
+        opt.register(
+            c, Measurement(samples=(1.0,) * 10, streams=(_mix({"Q1": 900.0, "Q9": None}),))
+        )
+    assert opt.trials_done == 2
+    assert opt.stop_reason is not None
+    assert "olap/Q9 never finished within a run" in opt.stop_reason
+    assert "longer duration_s" in opt.stop_reason
