@@ -49,7 +49,13 @@ from optimizer.evidence import run_level  # noqa: E402
 from optimizer.heuristic import pgtune  # noqa: E402
 from optimizer.knobs import Config, Knob  # noqa: E402
 from optimizer.verdict import RUN_SD, Run, compare, judge, run_stat  # noqa: E402
-from tests.optimizer.recorded import RECORDINGS, Recorded, recorded_runs  # noqa: E402
+from tests.optimizer.recorded import (  # noqa: E402
+    RECORDINGS,
+    Recorded,
+    adjacent_windows,
+    recorded_runs,
+    sequential,
+)
 from tests.optimizer.sim import (  # noqa: E402
     NEIGHBOUR,
     REPORTING_MIX,
@@ -201,38 +207,19 @@ def _wilson(kept: int, n: int) -> dict[str, Any]:
     }
 
 
-def _sequential(inc: list[Run], cand: list[Run], run_sd: float = RUN_SD) -> bool:
-    """Kept at some look after 1+1, 2+2, ... runs (the descent judges after every run)."""
-    n = min(len(inc), len(cand))
-    return any(compare(inc[:k], cand[:k], run_sd=run_sd).keep for k in range(1, n + 1))
-
-
 def adjacent_rates(
-    runs: list[Recorded], level: str, max_runs: int = 3, run_sd: float = RUN_SD
+    runs: list[Recorded],
+    level: str,
+    max_runs: int = 3,
+    run_sd: float = RUN_SD,
+    paired: bool = False,
 ) -> dict[str, Any]:
-    """Like :func:`keep_rates` on runs next to each other in time, as the descent compares.
+    """:func:`tests.optimizer.recorded.adjacent_windows` as keep rates with intervals.
 
-    Real effect: every window of ``2k`` consecutive runs of the recording (A B A B ...:
-    k of each), judged after 1+1 ... k+k. No-op: every ``2k`` consecutive runs of one
-    config, alternately incumbent and candidate, both ways round.
+    ``paired``: judged by :func:`~optimizer.verdict.compare_paired` instead of
+    :func:`~optimizer.verdict.compare` (the descent uses the latter).
     """
-    seq = [(r.config, Run(r.t, r.tx if level == "tx" else r.sec)) for r in runs]
-    n_a = sum(c == "A" for c, _ in seq)
-    k = min(max_runs, n_a, len(seq) - n_a)
-    real = []
-    for s in range(len(seq) - 2 * k + 1):
-        w = seq[s : s + 2 * k]
-        a, b = [r for c, r in w if c == "A"], [r for c, r in w if c == "B"]
-        if len(a) == len(b) == k:
-            real.append(_sequential(a, b, run_sd))
-    noop = []
-    for cfg in ("A", "B"):
-        same = [r for c, r in seq if c == cfg]
-        m = min(k, len(same) // 2)
-        for s in range(len(same) - 2 * m + 1):
-            w = same[s : s + 2 * m]
-            noop.append(_sequential(w[0::2], w[1::2], run_sd))
-            noop.append(_sequential(w[1::2], w[0::2], run_sd))
+    noop, real = adjacent_windows(runs, level, max_runs, run_sd, paired)
     return {
         "no_op_kept": _wilson(sum(noop), len(noop)),
         "real_effect_kept": _wilson(sum(real), len(real)),
@@ -259,7 +246,7 @@ def keep_rates(runs: list[Recorded], level: str, max_runs: int = 3) -> dict[str,
     a, b = by["A"], by["B"]
     k = min(max_runs, len(a), len(b))
     real = [
-        _sequential(list(ia), list(cb))
+        sequential(list(ia), list(cb))
         for ia in itertools.combinations(a, k)
         for cb in itertools.combinations(b, k)
     ]
@@ -267,8 +254,8 @@ def keep_rates(runs: list[Recorded], level: str, max_runs: int = 3) -> dict[str,
     for side in (a, b):
         m = min(k, len(side) // 2)
         for combo in itertools.combinations(side, 2 * m):
-            noop.append(_sequential(list(combo[0::2]), list(combo[1::2])))
-            noop.append(_sequential(list(combo[1::2]), list(combo[0::2])))
+            noop.append(sequential(list(combo[0::2]), list(combo[1::2])))
+            noop.append(sequential(list(combo[1::2]), list(combo[0::2])))
     whole = compare(a, b)
     return {
         "runs_per_side_max": k,
@@ -304,7 +291,8 @@ def recorded_transactions() -> dict[str, Any]:
             "per_transaction": keep_rates(runs, "tx"),
             "per_second": keep_rates(runs, "sec"),
             "adjacent_runs": {"per_transaction": adjacent_rates(runs, "tx"),
-                              "per_second": adjacent_rates(runs, "sec")},
+                              "per_second": adjacent_rates(runs, "sec"),
+                              "per_transaction_paired": adjacent_rates(runs, "tx", paired=True)},
             # the prior between-run sd the verdict assumes (RUN_SD 6%) against the drift
             # measured above: per-transaction keep rates with a larger prior
             "per_transaction_run_sd": {f"{sd:.2f}": adjacent_rates(runs, "tx", run_sd=sd)

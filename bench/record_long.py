@@ -10,8 +10,8 @@ subquery, a sort under a window function (``QUERIES``), interleaving
 
 * config A (work_mem 1MB): the hashes and the sort spill, and the NOT IN subplan does not
   fit its hash: PostgreSQL scans the materialised subquery for every outer row;
-* config B (work_mem 64MB, or ``--b-work-mem``): the NOT IN subplan is hashed (the
-  measured effect is in bench/optimizer.py's figures);
+* config B (work_mem 64MB, or ``--b``, e.g. ``hash_mem_multiplier=8``): the NOT IN
+  subplan is hashed (the measured effect is in bench/optimizer.py's figures);
 
 A B A B ..., ``--runs`` each. Every run's transactions (label, start, latency) and its
 per-second pgbench samples are saved, with the host's 1-minute load average before and
@@ -41,7 +41,7 @@ import psycopg
 
 from app.postgres.pgbench import BenchResult, BenchSpec, init_data, run_bench
 from app.postgres.sandbox import Sandbox
-from optimizer.evidence import summarize_stream
+from optimizer.evidence import StreamStat, run_level, summarize_stream
 
 FACT_ROWS = 1_000_000
 DIM_ROWS = 300_000
@@ -124,21 +124,78 @@ def _run(sb: Sandbox, spec: BenchSpec, names: list[str]) -> tuple[BenchResult, d
     return res, rec
 
 
-def record_long(sb: Sandbox, runs: int, seconds: int) -> dict[str, Any]:
+def _load_reporting(sb: Sandbox, seconds: int) -> BenchSpec:
+    """Load the reporting dataset; the spec of one long-query run."""
     t = time.monotonic()
     with psycopg.connect(sb.dsn, autocommit=True) as conn:
         conn.execute(LOAD_SQL)  # type: ignore[arg-type]
     print(f"loaded {FACT_ROWS} facts in {time.monotonic() - t:.0f} s", flush=True)
-    names = list(QUERIES)
-    spec = BenchSpec(
+    return BenchSpec(
         builtin=None,
-        scripts=[(QUERIES[n], 1) for n in names],
+        scripts=[(QUERIES[n], 1) for n in QUERIES],
         clients=2,
         jobs=2,
         duration_s=seconds,
         warmup_s=3,
         log_sampling=1.0,
     )
+
+
+def _stream(rec: dict[str, Any]) -> StreamStat:
+    return summarize_stream(
+        "reporting",
+        clients=int(rec["clients"]),
+        shares=dict.fromkeys(QUERIES, 1.0),
+        start_s=rec["start_s"],
+        latency_ms=rec["latency_ms"],
+        labels=rec["labels"],
+        failed=rec["failed"],
+        warmup_s=float(rec["warmup_s"]),
+    )
+
+
+def _settings(text: str) -> dict[str, str]:
+    """``64MB`` (a work_mem) or ``name=value;name=value``."""
+    if "=" not in text:
+        return {"work_mem": text}
+    return dict(x.split("=", 1) for x in text.split(";"))  # type: ignore[misc]
+
+
+def _complete_a(sb: Sandbox, others: list[dict[str, str]]) -> None:
+    """Config A names every setting another config changes (at the server's value), so
+    that going back to A undoes it."""
+    with psycopg.connect(sb.dsn) as conn:
+        for name in {k for c in others for k in c} - set(CONFIGS["A"]):
+            row = conn.execute(f"SHOW {name}").fetchone()
+            assert row is not None
+            CONFIGS["A"][name] = str(row[0])
+
+
+def probe(sb: Sandbox, candidates: list[str], seconds: int) -> None:
+    """One run of A and of each candidate config B, A again at the end: the effect sizes,
+    to pick a B whose effect is the size a target is about."""
+    spec = _load_reporting(sb, seconds)
+    names = list(QUERIES)
+    levels: list[tuple[str, float]] = []
+    _complete_a(sb, [_settings(c) for c in candidates])
+    a = ";".join(f"{k}={v}" for k, v in CONFIGS["A"].items())
+    for wm in [a, *candidates, a]:
+        _set(sb, {**CONFIGS["A"], **_settings(wm)})
+        _run(sb, BenchSpec(**{**spec.__dict__, "duration_s": 10, "warmup_s": 0}), names)
+        _, rec = _run(sb, spec, names)
+        st = _stream(rec)
+        level = run_level((st,), "throughput").centre
+        levels.append((wm, level))
+        means = {x.label: round(x.mean_ms or 0) for x in st.scripts}
+        print(f"{wm}: level {level:.3f} tx/s {means} load {rec['loadavg_before']}", flush=True)
+    mean_a = (levels[0][1] + levels[-1][1]) / 2
+    for wm, level in levels[1:-1]:
+        print(f"{wm}: {level / mean_a - 1:+.1%} against A (mean of the two A runs)")
+
+
+def record_long(sb: Sandbox, runs: int, seconds: int) -> dict[str, Any]:
+    spec = _load_reporting(sb, seconds)
+    names = list(QUERIES)
     # one short run each to warm the cache and print the effect
     for cfg in ("A", "B"):
         _set(sb, CONFIGS[cfg])
@@ -156,16 +213,7 @@ def record_long(sb: Sandbox, runs: int, seconds: int) -> dict[str, Any]:
             _, rec = _run(sb, spec, names)
             rec["config"] = cfg
             out.append(rec)
-            st = summarize_stream(
-                "reporting",
-                clients=2,
-                shares=dict.fromkeys(names, 1.0),
-                start_s=rec["start_s"],
-                latency_ms=rec["latency_ms"],
-                labels=rec["labels"],
-                failed=rec["failed"],
-                warmup_s=spec.warmup_s,
-            )
+            st = _stream(rec)
             means = {s.label: round(s.mean_ms or 0) for s in st.scripts}
             print(
                 f"long {i + 1}/{runs} {cfg}: n={st.transactions} {means} "
@@ -241,12 +289,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tpcb-runs", type=int, default=5)
     ap.add_argument("--tpcb-seconds", type=int, default=15)
     ap.add_argument("--tag", default="", help="suffix of the file names")
-    ap.add_argument("--b-work-mem", default=CONFIGS["B"]["work_mem"], help="config B's work_mem")
+    ap.add_argument(
+        "--b",
+        default=CONFIGS["B"]["work_mem"],
+        help="config B: a work_mem, or name=value;name=value (A's settings stay unless named)",
+    )
+    ap.add_argument(
+        "--probe",
+        default="",
+        help="comma-separated configs as for --b: measure one run of each against A and stop",
+    )
     args = ap.parse_args(argv)
     tag = f"-{args.tag}" if args.tag else ""
-    CONFIGS["B"] = {"work_mem": args.b_work_mem}
+    CONFIGS["B"] = _settings(args.b)
     nice = os.nice(0)  # the niceness the server and pgbench inherit
     with Sandbox.create(settings=BASE) as sb:
+        if args.probe:
+            probe(sb, args.probe.split(","), args.seconds)
+            return 0
+        _complete_a(sb, [CONFIGS["B"]])
+        CONFIGS["B"] = {**CONFIGS["A"], **CONFIGS["B"]}
         if args.runs:
             data = record_long(sb, args.runs, args.seconds)
             _save(args.out / f"long-query-runs{tag}.json.gz", {**data, "nice": nice})

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from optimizer.evidence import StreamStat, run_level, summarize_stream
-from optimizer.verdict import RunStat, run_stat
+from optimizer.verdict import RUN_SD, Run, RunStat, compare, compare_paired, run_stat
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 LONG = DATA / "long-query-runs.json.gz"  # the busy host, other test suites running
@@ -29,6 +29,9 @@ LONG_WM8 = DATA / "long-query-runs-niced-wm8.json.gz"
 # the same as LONG_WM8 (8+8 runs of 30 s) on the host with no other job running, niced
 LONG_QUIET = DATA / "long-query-runs-quiet.json.gz"
 TPCB_QUIET = DATA / "tpcb-runs-quiet.json.gz"
+# config B = hash_mem_multiplier 4 (the NOT IN hashed, the rest as in A): a +25-30% effect
+# (bench/record_long.py --probe), 8+8 runs of 30 s, the host quiet (load 1.8-2.1)
+LONG_QUIET_HM4 = DATA / "long-query-runs-quiet-hm4.json.gz"
 RECORDINGS = {
     "long_queries_busy": LONG,
     "tpcb_busy": TPCB,
@@ -37,6 +40,7 @@ RECORDINGS = {
     "tpcb_niced": TPCB_NICED,
     "long_queries_quiet_wm8": LONG_QUIET,
     "tpcb_quiet": TPCB_QUIET,
+    "long_queries_quiet_hm4": LONG_QUIET_HM4,
 }
 
 
@@ -91,3 +95,47 @@ def recorded_runs(path: Path) -> list[Recorded]:
             )
         )
     return out
+
+
+def sequential(
+    inc: list[Run], cand: list[Run], run_sd: float = RUN_SD, paired: bool = False
+) -> bool:
+    """Kept at some look after 1+1, 2+2, ... runs (the descent judges after every run)."""
+    verdict = compare_paired if paired else compare
+    n = min(len(inc), len(cand))
+    return any(verdict(inc[:k], cand[:k], run_sd=run_sd).keep for k in range(1, n + 1))
+
+
+def adjacent_windows(
+    runs: list[Recorded],
+    level: str,
+    max_runs: int = 3,
+    run_sd: float = RUN_SD,
+    paired: bool = False,
+) -> tuple[list[bool], list[bool]]:
+    """(no-op kept, real effect kept) per window of runs next to each other in time, as
+    the descent compares them; ``level`` "tx" (per transaction) or "sec" (per second).
+
+    Real effect: every window of ``2k`` consecutive runs of the recording (A B A B ...:
+    k of each), judged after 1+1 ... k+k. No-op: every ``2k`` consecutive runs of one
+    config, alternately incumbent and candidate, both ways round (numbered 0, 1, 2 ... so
+    that a paired verdict sets each run beside the next).
+    """
+    seq = [(r.config, Run(r.t, r.tx if level == "tx" else r.sec)) for r in runs]
+    n_a = sum(c == "A" for c, _ in seq)
+    k = min(max_runs, n_a, len(seq) - n_a)
+    real = []
+    for s in range(len(seq) - 2 * k + 1):
+        w = seq[s : s + 2 * k]
+        a, b = [r for c, r in w if c == "A"], [r for c, r in w if c == "B"]
+        if len(a) == len(b) == k:
+            real.append(sequential(a, b, run_sd, paired))
+    noop = []
+    for cfg in ("A", "B"):
+        same = [r for c, r in seq if c == cfg]
+        m = min(k, len(same) // 2)
+        for s in range(len(same) - 2 * m + 1):
+            w = [Run(float(i), r.stat) for i, r in enumerate(same[s : s + 2 * m])]
+            noop.append(sequential(w[0::2], w[1::2], run_sd, paired))
+            noop.append(sequential(w[1::2], w[0::2], run_sd, paired))
+    return noop, real
