@@ -63,7 +63,7 @@ from app.tuning import (
     session_optimizer,
 )
 from app.workloads import workload_for
-from app.workloads.base import Stream
+from app.workloads.base import Stream, Workload, WorkloadError
 from optimizer.catalogue import CATALOGUE
 from optimizer.descent import Candidate, CoordinateDescent, Measurement
 from optimizer.evidence import StreamStat
@@ -121,6 +121,7 @@ class Prepared:
     start: dict[str, str]
     ram_bytes: int
     streams: list[Stream]  # of one run, all started at once
+    workload: Workload  # resets its data before each measured run
 
 
 def _transient(exc: BaseException) -> bool:
@@ -422,6 +423,7 @@ class SessionRunner:
             start=start,
             ram_bytes=hw.ram_bytes,
             streams=streams,
+            workload=workload,
         )
 
     def _replay(self, opt: CoordinateDescent) -> int:
@@ -567,6 +569,14 @@ class SessionRunner:
             self._phase(
                 describe(cand) + (" (the server's load moved: re-measuring)" if shifted else "")
             )
+            try:
+                t = time.monotonic()
+                p.workload.reset(self.dsn)  # every measured run on the same data
+                timings["reset_s"] = round(time.monotonic() - t, 3)
+            except WorkloadError as exc:
+                error = self._safe(str(exc))
+                down = not ctl.is_up()
+        if applied is not None and error is None:
             self.hb.live.clear()
             watch = self._watch(cand, spec, p.optimizer.incumbent)
             t = time.monotonic()

@@ -96,6 +96,16 @@ class Workload(Protocol):
         """The streams of one benchmark run."""
         ...
 
+    def reset(self, dsn: str) -> None:
+        """Undo what earlier runs changed in the data, before a measured run.
+
+        Runs are only comparable on the same data. A workload whose data grows with the
+        work done (TPC-C's orders) restores its loaded state here; one whose runs leave
+        the data as they found it does nothing. Raises ``WorkloadError`` with a message
+        that says what to change.
+        """
+        ...
+
 
 class WorkloadError(RuntimeError):
     """A workload cannot be prepared or run as asked; the message says what to change."""

@@ -265,6 +265,10 @@ class Chbench:
         vacuum_analyze(dsn, ("supplier", "nation", "region", "stock"))
         return f"{note}; CH tables loaded in {time.monotonic() - t0:.0f} s"
 
+    def reset(self, dsn: str) -> None:
+        """TPC-C's (the CH tables are only read)."""
+        self._tpcc().reset(dsn)
+
     def streams(self) -> list[Stream]:
         out: list[Stream] = []
         if self.oltp_clients:

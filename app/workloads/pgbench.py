@@ -37,6 +37,10 @@ class PgbenchWorkload:
             return f"pgbench tables loaded at scale {self.scale}"
         return f"pgbench tables of scale {self.scale} were there already: re-used"
 
+    def reset(self, dsn: str) -> None:
+        """Nothing: TPC-B-like runs only append to pgbench_history, which none of them
+        reads, and the user's own scripts are the user's to keep comparable."""
+
     def streams(self) -> list[Stream]:
         return [
             Stream(

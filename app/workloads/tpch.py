@@ -272,6 +272,9 @@ class Tpch:
         ]
 
     # -- data ------------------------------------------------------------------------
+    def reset(self, dsn: str) -> None:
+        """Nothing: the queries only read."""
+
     def prepare(self, dsn: str) -> str | None:
         try:
             conn = psycopg.connect(dsn, autocommit=True)

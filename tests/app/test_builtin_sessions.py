@@ -6,11 +6,14 @@ the service loads the data, runs every stream at once and judges per query / tra
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from app.postgres.sandbox import Sandbox
+from tests.app.tpcc_db import ch_template_fixture, copy_of_template, one  # noqa: F401
 from tests.conftest import SandboxFactory
 from tests.helpers import wait_done
 
@@ -59,10 +62,18 @@ def test_tpch_session_judges_queries_and_reports_them(
     assert "Q1" in conf  # per-query before/after in the export's header
 
 
+@pytest.fixture
+def ch_dsn(sandbox: Sandbox, ch_template: str) -> Iterator[str]:
+    """A copy of the session's one CH load (the service finds it loaded and re-uses it)."""
+    yield from copy_of_template(sandbox, "knobtune_ch_session")
+
+
 def test_chbench_runs_an_oltp_and_an_olap_stream_measured_apart(
-    client: TestClient, sandbox_factory: SandboxFactory
+    client: TestClient, ch_dsn: str
 ) -> None:
-    target = register(client, sandbox_factory, "chbench")
+    r = client.post("/api/v1/targets", json={"name": "chbench", "dsn": ch_dsn})
+    assert r.status_code == 201, r.text
+    target = int(r.json()["id"])
     ch = {"builtin": "chbench", "scale": 1, "clients": 2, "olap_clients": 1}
     s = tune(
         client,
@@ -83,6 +94,16 @@ def test_chbench_runs_an_oltp_and_an_olap_stream_measured_apart(
     assert olap_labels
     oltp_labels = {row["label"] for row in s["per_label"] if row["stream"] == "oltp"}
     assert {"new-order", "payment"} <= oltp_labels
+    # every measured run started from the loaded data: what is left is one run's orders
+    measured = [t for t in trials if t["streams"]]
+    assert len(measured) >= 3
+    assert all("reset_s" in t["timings"] for t in measured)
+    added = one(ch_dsn, "SELECT count(*) FROM orders WHERE o_id > 3000")
+    assert isinstance(added, int)
+    one_run = max(
+        st["transactions"] for t in measured for st in t["streams"] if st["stream"] == "oltp"
+    )
+    assert 0 < added <= one_run
 
 
 @pytest.mark.parametrize(

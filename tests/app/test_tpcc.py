@@ -14,7 +14,7 @@ from app.postgres.pgbench import BenchResult, run_bench
 from app.postgres.sandbox import Sandbox
 from app.workloads.base import Stream, WorkloadError
 from app.workloads.tpcc import MARKER, TRANSACTION_MIX, Tpcc, loaded_warehouses, tpm_c
-from tests.app.tpcc_db import ch_template_fixture, copy_of_template, one  # noqa: F401
+from tests.app.tpcc_db import TEMPLATE, ch_template_fixture, copy_of_template, one  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +154,31 @@ def test_a_short_run_follows_the_mix_and_commits(dsn: str) -> None:
     assert isinstance(added, int)
     assert 0.9 * new_orders <= added - orders <= new_orders
     assert tpm_c(new_orders, 6.0) == pytest.approx(new_orders * 10)
+
+
+def test_reset_brings_the_data_back_to_the_loaded_state(sandbox: Sandbox, dsn: str) -> None:
+    """After runs that added and delivered orders, reset gives the template's figures."""
+    res = _bench(dsn, Tpcc(clients=4).streams()[0], seconds=5)
+    assert res.ok, res.error
+    figures = (
+        "SELECT count(*), max(o_id), count(o_carrier_id) FROM orders",
+        "SELECT count(*), sum(ol_o_id), count(ol_delivery_d) FROM order_line",
+        "SELECT count(*), min(no_o_id), max(no_o_id) FROM new_order",
+        "SELECT count(*) FROM history",
+        "SELECT min(d_next_o_id), max(d_next_o_id) FROM district",
+    )
+    template = sandbox.dsn.replace("dbname=postgres", f"dbname={TEMPLATE}")
+
+    def rows(db: str) -> list[tuple[object, ...]]:
+        with psycopg.connect(db) as conn:
+            return [tuple(conn.execute(sql).fetchone() or ()) for sql in figures]
+
+    assert rows(dsn) != rows(template)  # the runs changed them
+    Tpcc().reset(dsn)
+    assert rows(dsn) == rows(template)
+    # and the next run starts as from a fresh load: new orders numbered from 3001 again
+    assert _bench(dsn, Tpcc(clients=2).streams()[0], seconds=2).ok
+    assert one(dsn, "SELECT min(o_id) FROM orders WHERE o_id > 3000") == 3001
 
 
 def test_serializable_with_retries_counts_failures_and_goes_on(dsn: str) -> None:
