@@ -44,9 +44,18 @@ def add_sessions(db: Database, n: int) -> list[int]:
             t = Target(name=f"t{i}", dsn="host=/nowhere", probe={}, created_at=utcnow())
             s.add(t)
             s.flush()
-            sess = TuningSession(target_id=t.id, status="queued", phase="queued", request={},
-                                 seed=1, benchmark_s=0.0, notes=[], cancel_requested=False,
-                                 attempts=0, created_at=utcnow())
+            sess = TuningSession(
+                target_id=t.id,
+                status="queued",
+                phase="queued",
+                request={},
+                seed=1,
+                benchmark_s=0.0,
+                notes=[],
+                cancel_requested=False,
+                attempts=0,
+                created_at=utcnow(),
+            )
             s.add(sess)
             s.flush()
             ids.append(sess.id)
@@ -54,8 +63,9 @@ def add_sessions(db: Database, n: int) -> list[int]:
 
 
 def scheduler(db: Database, name: str, capacity: int = 10) -> Scheduler:
-    settings = Settings(database_url=db.url, instance_id=name, max_parallel_sessions=capacity,
-                        lease_seconds=30)
+    settings = Settings(
+        database_url=db.url, instance_id=name, max_parallel_sessions=capacity, lease_seconds=30
+    )
     sched = Scheduler(db, settings)
     sched._run = lambda sid: None  # type: ignore[method-assign]  # claim only: no runner
     return sched
@@ -117,13 +127,16 @@ def test_only_one_process_leads_the_recurring_triggers(pg_db: Database) -> None:
 def test_schedules_are_stored_listed_fired_and_removed(tmp_path: Path) -> None:
     from app.postgres.sandbox import Sandbox
 
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'm.db'}", work_dir=tmp_path,
-                        poll_seconds=3600)  # no claiming: we only look at what fires
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'm.db'}", work_dir=tmp_path, poll_seconds=3600
+    )  # no claiming: we only look at what fires
     with Sandbox.create() as sb, TestClient(create_app(settings)) as c:
         tid = c.post("/api/v1/targets", json={"name": "s", "dsn": sb.dsn}).json()["id"]
         session = {"target_id": tid, "knobs": ["work_mem"]}
-        assert c.post("/api/v1/schedules", json={"cron": "61 2 * * *", "session": session}
-                      ).status_code == 422
+        assert (
+            c.post("/api/v1/schedules", json={"cron": "61 2 * * *", "session": session}).status_code
+            == 422
+        )
         assert c.post("/api/v1/schedules", json={"session": session}).status_code == 422
         r = c.post("/api/v1/schedules", json={"cron": "0 2 * * sun", "session": session})
         assert r.status_code == 201, r.text
