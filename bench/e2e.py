@@ -5,9 +5,10 @@ For each reference workload, on a fresh sandbox cluster:
 1. a tuning session through the REST API of a `knobtune serve` subprocess, with a fixed
    time budget;
 2. a confirmation run that interleaves the default config (A), a PGTune-style config for
-   this machine (B) and knobtune's recommendation (C): A, B, C, A, B, C, ... Each run is
-   preceded by a discarded warm-up run (a restart empties shared_buffers, and a cold run
-   must never be compared with a warm one).
+   this machine (B) and knobtune's recommendation (C) in rounds whose order rotates: A, B,
+   C, then B, C, A, then C, A, B, ... Each run is preceded by a discarded warm-up run (a
+   restart empties shared_buffers, and a cold run must never be compared with a warm one)
+   and by the workload's reset of its data (TPC-C's orders grow as it runs).
 
 Statistics: a run's level is what the session's verdict judges, from its transactions
 (optimizer/evidence.py: throughput, or the geometric mean of per-query mean times for
@@ -143,13 +144,14 @@ def tune(
         datetime.fromisoformat(s["finished_at"]) - datetime.fromisoformat(s["started_at"])
     ).total_seconds()
     bench_s = sum(t["timings"].get("bench_s", 0.0) for t in trials)
-    # where the rest of the wall time went: apply (reload/restart), post-restart warm-up
+    # where the rest of the wall time went: apply (reload/restart), post-restart warm-up,
+    # restoring the workload's data before each run
+    parts = ("apply", "warmup", "reset")
     overhead = {
-        part: round(sum(t["timings"].get(f"{part}_s", 0.0) for t in trials), 1)
-        for part in ("apply", "warmup")
+        part: round(sum(t["timings"].get(f"{part}_s", 0.0) for t in trials), 1) for part in parts
     }
     overhead["restarts"] = sum(1 for t in trials if "warmup_s" in t["timings"])
-    overhead["other_s"] = round(wall - bench_s - overhead["apply"] - overhead["warmup"], 1)
+    overhead["other_s"] = round(wall - bench_s - sum(overhead[p] for p in parts), 1)
     first = datetime.fromisoformat(trials[0]["started_at"])
     loop_wall = (datetime.fromisoformat(trials[-1]["finished_at"]) - first).total_seconds()
     start = trials[0]["config"]
@@ -211,7 +213,8 @@ def confirm(
     """
     ctl = TargetController(sb.dsn, restart_command=sb.restart_command, data_dir=sb.data_dir)
     wl = WorkloadIn.model_validate({**spec["workload"], "duration_s": 60, "warmup_s": 5})
-    streams = workload_for(wl).streams()
+    workload = workload_for(wl)
+    streams = workload.streams()
     objective = Objective(kind=spec.get("objective", "throughput"))
     measured = [
         bench_spec(st, duration_s=args.confirm_duration, warmup_s=args.warmup) for st in streams
@@ -222,12 +225,18 @@ def confirm(
     levels: dict[str, list[float | None]] = {k: [] for k in configs}
     missing: dict[str, list[list[str]]] = {k: [] for k in configs}
     try:
+        labels = list(configs)
         for rnd in range(args.rounds):
-            for label, config in configs.items():
+            # each config takes each place in the round in turn, so that whatever drifts
+            # within a round (cache, autovacuum) does not always favour the same one
+            k = rnd % len(labels)
+            for label in labels[k:] + labels[:k]:
+                config = configs[label]
                 ctl.revert(snapshot)
                 if config:
                     ctl.apply(config)
                 run_streams(sb.dsn, warm)
+                workload.reset(sb.dsn)  # as the session does: every measured run on the same data
                 results = run_streams(sb.dsn, measured)
                 stats = [
                     stream_stat(st, res, args.warmup)
