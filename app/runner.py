@@ -488,25 +488,25 @@ class SessionRunner:
             budget = p.body.time_budget_s
             elapsed = time.monotonic() - began
             expected = statistics.median(trial_wall) if trial_wall else float(wl.duration_s)
-            reserve = p.optimizer.final_runs_left
-            if (
-                budget is not None
-                and not p.optimizer.concluding
-                and reserve
-                and elapsed + expected + reserve * statistics.fmean(trial_wall or [expected])
-                > budget
-            ):
-                # leave the time for the final check of the best config against the start
-                p.optimizer.conclude()
-                self._note(
-                    f"time budget: final check of the best config after {len(trial_wall)} trials"
-                )
+            opt = p.optimizer
+            if budget is not None and not opt.concluding:
+                # leave the time for the final check (all of it once something is kept)
+                reserve = opt.final_runs_left * statistics.fmean(trial_wall or [expected])
+                if elapsed + expected + reserve > budget:
+                    opt.conclude()
+                    done = len(trial_wall)
+                    self._note(
+                        f"time budget: final check of the best config after {done} trials"
+                        if opt.suggest() is not None
+                        else f"time budget of {budget:.0f} s reached after {done} trials"
+                    )
+                    continue
+            elif budget is not None and elapsed + expected > budget and opt.checked:
+                # a keep late in the walk: its check ends with the side-by-side runs it has
+                # (its interval is wider for it); never before it has both configs
+                opt.end_final_check()
+                self._note(f"time budget: final check ended after {len(trial_wall)} trials")
                 continue
-            # The final check is never cut by the clock: its runs were planned into the
-            # budget above, and a session cut in the middle would claim an unchecked gain.
-            if budget is not None and not p.optimizer.concluding and elapsed + expected > budget:
-                self._note(f"time budget of {budget:.0f} s reached after {len(trial_wall)} trials")
-                break
             t0 = time.monotonic()
             if self._trial(ctl, p, cand, specs):
                 trial_wall.append(time.monotonic() - t0)

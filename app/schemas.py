@@ -251,7 +251,8 @@ class SessionIn(BaseModel):
         ge=0,
         le=20,
         description="Runs of the final check (best config and start side by side, A B B A "
-        "A B), set aside from max_trials and the time budget when the session starts. Even. "
+        "A B); max_trials and the time budget must hold them, and the walk leaves room for "
+        "them once it has kept something. Even. "
         "0 skips it: any gain the session claims is then marked unconfirmed.",
     )
     evidence: Literal["auto", "transactions", "seconds"] = Field(

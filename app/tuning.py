@@ -213,7 +213,7 @@ def check_session_budget(body: SessionIn) -> None:
         raise RequestError(
             f"time_budget_s={body.time_budget_s:g} cannot hold the {runs} runs a session needs "
             f"at least (baseline, a first evaluation and the final check of "
-            f"{body.final_check_runs} runs, set aside from the start) of {wl.duration_s} s "
+            f"{body.final_check_runs} runs) of {wl.duration_s} s "
             f"each: give time_budget_s >= {need:g}, or shorter runs (workload.duration_s)"
         )
 

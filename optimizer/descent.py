@@ -41,13 +41,18 @@ incumbent's runs minutes later let drift and the winner's curse pass for a gain
 claim of +62% was confirmed as +45% (W2); runs vary ~5-7%.
 If the final check measures the walk's best config less than ``min_gain`` better than the
 baseline, the incumbent goes back to the baseline: the session recommends no change
-(``final_rejected`` keeps what the walk found). The final check's runs are **set aside
-from the start** in ``max_trials`` and ``max_benchmark_s`` (a budget that cannot hold the
-baseline, one evaluation and the check raises :class:`BudgetError` with the minimum),
-so a keep in the walk's last run is still checked; a caller with a wall-clock budget
-calls :meth:`conclude` when the time left is about that many runs. :attr:`claim` says
-how sure the claimed gain is: confirmed, no-change, unconfirmed (the check was cut by a
-cancel or a failure) or none.
+(``final_rejected`` keeps what the walk found). The budget (``max_trials``,
+``max_benchmark_s``) must hold the baseline, one evaluation and a whole check, else
+:class:`BudgetError` gives the minimum. The walk leaves room for the check
+(:attr:`final_runs_left`): all of it once something is kept, only its first two runs
+(A B) while nothing is. A session that keeps nothing then spends its budget on the walk,
+not on a check it never runs (bench/e2e.py CH1, reserving 6 runs from the start: 7
+trials, 481 s of a 900 s budget); a keep late in the walk gets the part of the check the
+budget still holds, at least A B, and a wider interval that says so. A caller with a
+wall-clock budget calls :meth:`conclude` when the time left is about
+:attr:`final_runs_left` runs, and :meth:`end_final_check` when it is spent. :attr:`claim`
+says how sure the claimed gain is: confirmed, no-change, unconfirmed (the check was cut
+by a cancel or a failure before it had both configs) or none.
 
 Every candidate is evaluated group-sequentially with :func:`optimizer.verdict.compare`
 (see its docstring): one run first, then a verdict after every run.
@@ -150,14 +155,13 @@ def check_budget(
 ) -> int:
     """The fewest trials a session needs; :class:`BudgetError` if the budget holds fewer.
 
-    A session needs its baseline, one evaluation (C I C) and its final check, whose runs are
-    set aside from the start: a budget that cannot hold them is refused up front rather
-    than ending with an unchecked claim.
+    A session needs its baseline, one evaluation (C I C) and its final check: a budget
+    that cannot hold them is refused up front rather than ending with an unchecked claim.
     """
     need = baseline_runs + MIN_WALK_RUNS + final_runs
     parts = (
         f"the baseline ({baseline_runs} runs), a first evaluation ({MIN_WALK_RUNS}) and "
-        f"the final check ({final_runs}, set aside from the start)"
+        f"the final check ({final_runs})"
     )
     if max_trials is not None and max_trials < need:
         raise BudgetError(
@@ -244,7 +248,12 @@ class _Cancel:
     """Sent into the walk instead of a measurement when the pending run is withdrawn."""
 
 
+class _Cut(_Cancel):
+    """Sent into the final check to end it with the runs it has (the budget is spent)."""
+
+
 _CANCEL = _Cancel()
+_CUT = _Cut()
 _Walk = Generator[_Request, Measurement | _Cancel, None]
 Key = tuple[tuple[str, Value], ...]
 
@@ -469,14 +478,25 @@ class CoordinateDescent:
 
     @property
     def final_runs_left(self) -> int:
-        """Runs set aside for the final check (what a wall-clock budget must leave room for).
+        """Runs the budget must leave for the final check (what the walk may not spend).
 
-        Reserved from the start, whether or not the walk has kept anything yet: a keep in
-        the walk's last run must still be checked.
+        All of the check once the walk has kept something; while it has kept nothing, only
+        the check's first two runs, so that a keep in the walk's last evaluation is still
+        measured side by side (see the module docstring).
         """
         if self._concluding:
             return self._final_left
-        return self.final_runs
+        return self.final_runs if self._moved else min(2, self.final_runs)
+
+    def end_final_check(self) -> None:
+        """End the final check with the runs it has (a wall-clock budget is spent).
+
+        Its verdict then comes from fewer runs, with the wider interval that gives. Does
+        nothing before the check has runs of both configs: cut earlier, it would leave the
+        claim unconfirmed, so the caller lets it run on to that point.
+        """
+        if self._concluding and self.checked and self._next is not None:
+            self._next = self._advance(_CUT)
 
     @property
     def claim(self) -> Claim:
@@ -558,7 +578,7 @@ class CoordinateDescent:
             left += self.baseline_runs - self._trials
         if self._concluding:
             left = self.final_runs_left
-        estimate = self._trials + left + (0 if self._concluding else self.final_runs)
+        estimate = self._trials + left + (0 if self._concluding else self.final_runs_left)
         if self.max_trials is not None:
             estimate = min(estimate, self.max_trials)
         if self.max_benchmark_s is not None:
@@ -613,6 +633,15 @@ class CoordinateDescent:
             return "benchmark time budget spent"
         return None
 
+    def _room(self) -> int | None:
+        """How many more runs the trial budgets hold; None if they set no limit."""
+        rooms = []
+        if self.max_trials is not None:
+            rooms.append(self.max_trials - self._trials)
+        if self.max_benchmark_s is not None:
+            rooms.append(int(self.max_benchmark_s / self.run_seconds + 1e-9) - self._trials)
+        return max(min(rooms), 0) if rooms else None
+
     def _settle(self) -> None:
         """Go on to the final check when the walk is over or only its room is left."""
         if self._concluding:
@@ -620,7 +649,7 @@ class CoordinateDescent:
         if self._next is None:
             self._begin_final(None)
             return
-        if self.final_runs and self._over_budget(self._trials + 1 + self.final_runs) is not None:
+        if self.final_runs and self._over_budget(self._trials + 1 + self.final_runs_left):
             self._begin_final("budget left for the final check only")
 
     def _begin_final(self, why: str | None) -> None:
@@ -642,11 +671,17 @@ class CoordinateDescent:
         second: Role = "final-incumbent" if first == "final-baseline" else "final-baseline"
         order = [first, second, second, first] * (self.final_runs // 4)
         order += [first, second][: self.final_runs % 4]
+        room = self._room()
+        if room is not None:  # a late keep: what the budget holds (>= 2, see final_runs_left)
+            order = order[:room]
         self._final_left = len(order)
         self._about = "the final check"
         for role in order:
             values = keys[role]
             m = yield _Request(self._config(values), None, None, role, None)
+            if isinstance(m, _Cut):
+                self._final_left = 0
+                break
             self._final_left -= 1
             if isinstance(m, _Cancel):
                 return

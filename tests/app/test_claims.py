@@ -1,8 +1,8 @@
 """How sure a session's claimed gain is, wherever it appears (issue 14).
 
-The final check's runs are set aside when a session starts: a budget that cannot hold them
-is refused up front, and a session whose check was cut (here: cancelled in the middle)
-marks its gain unconfirmed in the API, the three exports and the dashboard.
+A budget that cannot hold the final check is refused up front, and a session whose check
+was cut before it had both configs (here: cancelled in the middle) marks its gain
+unconfirmed in the API, the three exports and the dashboard.
 """
 
 from __future__ import annotations

@@ -129,8 +129,8 @@ def test_trial_and_time_budgets() -> None:
     s = oltp_surface()
     for seed in range(4):
         opt = run_descent(s, Bench(Noise(), seed), max_trials=14)
-        # the final check's 6 runs are set aside from the start: the walk gets 8
-        assert opt.trials_done == (14 if opt.checked else 8)
+        # a check uses what the walk left; with nothing kept the walk leaves only A B unused
+        assert opt.trials_done == (14 if opt.checked else 12)
         assert opt.suggest() is None
         assert opt.planned_trials() == opt.trials_done
     opt2 = CoordinateDescent(s.space, s.start, max_trials=None, max_benchmark_s=840, run_seconds=60)
@@ -447,11 +447,80 @@ def test_no_final_check_when_nothing_was_kept() -> None:
         roles.append(c.role)
         opt.register(c, _flat(1000.0))  # every config measures the same: nothing is kept
     assert opt.incumbent == opt.baseline
-    assert len(roles) == 6  # the final check's 6 runs stay set aside, unused
+    assert len(roles) == 10  # only the check's first two runs (A B) stay set aside, unused
     assert not any(r.startswith("final-") for r in roles)
     assert opt.claim == "none"
     assert not opt.checked
     assert opt.final_verdict is None
+
+
+def _helps_work_mem(config: Config) -> Measurement:
+    """Any work_mem but 4MB is 30% faster; every other knob does nothing."""
+    return _flat(1300.0 if config["work_mem"] != "4MB" else 1000.0)
+
+
+def _late_keep_session(max_trials: int | None) -> CoordinateDescent:
+    hw = Hardware(ram_bytes=16 * GB, cpus=4)
+    space = knob_space(["max_wal_size", "bgwriter_lru_maxpages", "work_mem"], hw)
+    start = {"max_wal_size": "1GB", "bgwriter_lru_maxpages": "100", "work_mem": "4MB"}
+    return CoordinateDescent(space, start, max_trials=max_trials)
+
+
+def test_a_keep_late_in_the_walk_gets_the_check_the_budget_still_holds() -> None:
+    # where an unlimited walk first keeps work_mem
+    free = _late_keep_session(None)
+    kept_at = 0
+    while free.incumbent == free.baseline:
+        c = free.suggest()
+        assert c is not None
+        free.register(c, _helps_work_mem(c.config))
+        kept_at = free.trials_done
+    # a budget 3 runs past it: a reserve of the whole check (6) would have ended the walk
+    # before the keep; A B leaves room for it, and the check gets the 3 runs left (A B B)
+    opt = _late_keep_session(kept_at + 3)
+    roles = []
+    while (c := opt.suggest()) is not None:
+        roles.append(c.role)
+        opt.register(c, _helps_work_mem(c.config))
+    assert opt.trials_done == kept_at + 3
+    assert [r for r in roles if r.startswith("final-")] == roles[kept_at:]
+    assert len(roles[kept_at:]) == 3
+    assert opt.checked
+    ov = opt.overall()
+    assert ov is not None
+    assert sorted(ov.runs) == [1, 2]
+    assert ov.gain == pytest.approx(0.3)
+    assert opt.claim in ("confirmed", "not-credible")
+    assert opt.incumbent["work_mem"] != "4MB"
+
+
+def test_end_final_check_judges_the_runs_it_has() -> None:
+    opt = _late_keep_session(None)
+    while opt.incumbent == opt.baseline:
+        c = opt.suggest()
+        assert c is not None
+        opt.register(c, _helps_work_mem(c.config))
+    opt.conclude()
+    first = opt.suggest()
+    assert first is not None
+    assert first.is_final
+    opt.end_final_check()  # nothing yet of either config: does nothing
+    assert opt.suggest() == first
+    opt.register(first, _helps_work_mem(first.config))
+    opt.end_final_check()  # one config only: a cut now could not judge anything
+    second = opt.suggest()
+    assert second is not None
+    assert second.is_final
+    assert second.role != first.role
+    assert opt.final_runs_left == 5
+    opt.register(second, _helps_work_mem(second.config))
+    opt.end_final_check()
+    assert opt.suggest() is None
+    assert opt.final_runs_left == 0
+    v = opt.final_verdict
+    assert v is not None
+    assert v.runs == (1, 1)
+    assert v.gain == pytest.approx(0.3)
 
 
 def test_a_best_config_the_final_check_does_not_confirm_is_not_recommended() -> None:
