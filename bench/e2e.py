@@ -24,6 +24,12 @@ write-heavy, mixed otherwise: optimizer.heuristic.db_type_for), as the session's
     .venv/bin/python bench/e2e.py                      # W1 and W2, ~50 minutes
     .venv/bin/python bench/e2e.py --workloads H1 --duration 40 --confirm-duration 40
     .venv/bin/python bench/e2e.py --workloads W2 --budget-s 300 --rounds 3   # quicker look
+
+``--compare`` skips the session and confirms the default against the given configs
+(a diagnostic: which knob could move this workload at all, durability knobs included):
+
+    .venv/bin/python bench/e2e.py --workloads C1 --rounds 4 --confirm-duration 30 \
+        --compare '{"sync_off": {"synchronous_commit": "off"}}'
 """
 
 from __future__ import annotations
@@ -214,6 +220,7 @@ def confirm(
     ctl = TargetController(sb.dsn, restart_command=sb.restart_command, data_dir=sb.data_dir)
     wl = WorkloadIn.model_validate({**spec["workload"], "duration_s": 60, "warmup_s": 5})
     workload = workload_for(wl)
+    workload.prepare(sb.dsn)  # re-uses what a session loaded
     streams = workload.streams()
     objective = Objective(kind=spec.get("objective", "throughput"))
     measured = [
@@ -322,6 +329,8 @@ def paired_gain(
 def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
     spec = {**WORKLOADS[name], "name": name}
     print(f"{name}: {spec['description']}", file=sys.stderr)
+    if args.compare:
+        return compare_only(spec, json.loads(args.compare), args)
     with tempfile.TemporaryDirectory(prefix=f"knobtune-e2e-{name}-") as tmp, Sandbox.create() as sb:
         service = ServiceProcess(Path(tmp))
         service.start()
@@ -378,6 +387,23 @@ def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def compare_only(
+    spec: dict[str, Any], configs: dict[str, dict[str, str]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """No session: the default against each of ``configs`` ({label: {knob: value}})."""
+    with Sandbox.create() as sb:
+        levels, missing = confirm(sb, {"default": {}, **configs}, spec, args)
+    lower = Objective(kind=spec.get("objective", "throughput")).lower_is_better
+    return {
+        "workload": spec["description"],
+        "objective": spec.get("objective", "throughput"),
+        "configs": configs,
+        "confirmation": summarize(levels, lower),
+        "confirmation_never_finished": missing,
+        "vs_default": {k: paired_gain(levels[k], levels["default"], lower) for k in configs},
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -392,6 +418,10 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5, help="confirmation rounds (runs per config)")
     p.add_argument("--confirm-duration", type=int, default=20)
     p.add_argument("--confirm-warmup", type=int, default=10, help="discarded run before each")
+    p.add_argument(
+        "--compare",
+        help='no session: confirm the default against these configs, JSON {"label": {knob: value}}',
+    )
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "e2e.json"))
     args = p.parse_args()
     load_before = os.getloadavg()
