@@ -761,6 +761,8 @@ class SessionRunner:
         )
         incumbent = opt.incumbent
         claim = _claim(opt)
+        # re-estimated after every trial: the check's room grows once something is kept
+        planned = opt.planned_trials()
         first = True
 
         def write() -> None:
@@ -772,6 +774,7 @@ class SessionRunner:
                     if sess is None or sess.lease_owner != self.owner:
                         raise LeaseLost
                     s.add(trial)
+                    sess.trials_planned = planned
                     sess.benchmark_s = (sess.benchmark_s or 0.0) + timings.get("bench_s", 0.0)
                     s.flush()
                     _summarize(sess, s, incumbent)

@@ -151,6 +151,7 @@ def test_complete_session_restores_target_and_exports_a_loadable_config(
     assert final["status"] == "succeeded", final
     done = final["progress"]["trials_done"]
     assert 5 <= done <= 11
+    assert final["progress"]["trials_planned"] == done  # the estimate follows the session
     # a finished session's claim was checked side by side, or nothing was kept
     assert final["gain_status"] in {"none", "confirmed", "not-credible", "no-change"}, final
     assert final["baseline_tps"] is not None
