@@ -97,7 +97,7 @@
       const prog = $("[data-live=progress]");
       prog.max = Math.max(p.trials_planned || 1, p.trials_done, 1);
       prog.value = p.trials_done;
-      setText($("[data-live=trials]"), p.trials_done + (p.trials_planned ? " of ≤ " + p.trials_planned : "") + " trials");
+      setText($("[data-live=trials]"), p.trials_done + (p.trials_planned ? " of ~ " + p.trials_planned : "") + " trials");
       setText($("[data-live=elapsed]"), fmtDuration(p.elapsed_s));
       setText($("[data-live=eta]"), fmtDuration(p.eta_s));
       const live = s.live_tps || [];
