@@ -302,7 +302,7 @@ _DEFAULT_SETS: Mapping[WorkloadKind, tuple[str, ...]] = MappingProxyType(
         "analytics": (
             # spilling sorts and hashes dominate: in the recorded reporting mix
             # (bench/record_long.py) work_mem 1MB -> 64MB took a NOT IN subplan from
-            # ~1.5 s to ~0.4 s; DESIGN.md measured +40-60% on a sort-heavy query
+            # ~1.5 s to ~0.4 s; docs/architecture.md measured +40-60% on a sort-heavy query
             "work_mem",
             # hash aggregates and hash joins get work_mem x this; more memory for hashes
             # without letting every sort grow too

@@ -5,7 +5,7 @@ The walk, one knob at a time in the order given:
 * step upward first (x2 for sizes and times, +step for bounded reals, next choice for
   enums/bools) and keep stepping from each kept value while the verdict keeps it;
 * a step that is not kept does not end the direction at once. The response is not
-  monotonic (work_mem 6MB was 12% slower than 4MB, 16MB 40% faster: DESIGN.md), and a
+  monotonic (work_mem 6MB was 12% slower than 4MB, 16MB 40% faster: docs/architecture.md), and a
   run's noise (~7% of its level) hides most single x2 steps of +4-10%:
 
   - a step measured flat, or better but not credibly so, is *skipped*: the value one
@@ -92,88 +92,25 @@ rebuilds exactly the same state and the same next suggestion.
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from optimizer.evidence import (
-    FLOOR,
-    Objective,
-    StreamStat,
-    as_objective,
-    run_level,
-    unfinished,
-)
+from optimizer import checkpoints
+from optimizer.counters import ServerCounters
+from optimizer.evidence import unfinished
 from optimizer.knobs import Config, Knob, KnobError
+from optimizer.ledger import Key, RunLedger, Shift, Value, _Run
+from optimizer.ledger import Measurement as Measurement
+from optimizer.order import combine, order_knobs
 from optimizer.render import KnobNote, Recommendation
-from optimizer.verdict import (
-    ALPHA,
-    PRIOR_DF,
-    RUN_SD,
-    SHIFT_Z,
-    Run,
-    RunStat,
-    Verdict,
-    compare,
-    run_stat,
-    shifts,
-)
+from optimizer.settings import DescentSettings as DescentSettings
+from optimizer.settings import Evidence
+from optimizer.steps import Steps
+from optimizer.verdict import Verdict, compare
 
 Role = Literal["baseline", "candidate", "incumbent", "final-baseline", "final-incumbent"]
-Value = float | str
 Claim = Literal["none", "confirmed", "not-credible", "no-change", "unconfirmed"]
-MIN_WALK_RUNS = 3
-"""Runs a session needs between its baseline and its final check: one evaluation, C I C."""
-
-
-Evidence = Literal["auto", "transactions", "seconds"]
-LOW_RATE_TPS = 20.0
-"""Below this many transactions a second (the first run's median per-second throughput),
-"auto" evidence judges runs from their transactions: a one-second sample of a slow
-workload holds a handful of transactions (counting noise CV >= 22%, and 0-3 per second
-for 0.5-3 s queries: issue 13), while above it the per-second path is the one measured
-in bench/optimizer.py and bench/neighbour.py (A/A 0.9%, no-op sessions 2.5-3.0%)."""
-
-
-class BudgetError(ValueError):
-    """The budget cannot hold the baseline, a first evaluation and the final check."""
-
-    def __init__(self, message: str, minimum: float) -> None:
-        super().__init__(message)
-        self.minimum = minimum
-
-
-def check_budget(
-    *,
-    max_trials: int | None,
-    max_benchmark_s: float | None,
-    run_seconds: float,
-    baseline_runs: int = 2,
-    final_runs: int = 6,
-) -> int:
-    """The fewest trials a session needs; :class:`BudgetError` if the budget holds fewer.
-
-    A session needs its baseline, one evaluation (C I C) and its final check: a budget
-    that cannot hold them is refused up front rather than ending with an unchecked claim.
-    """
-    need = baseline_runs + MIN_WALK_RUNS + final_runs
-    parts = (
-        f"the baseline ({baseline_runs} runs), a first evaluation ({MIN_WALK_RUNS}) and "
-        f"the final check ({final_runs})"
-    )
-    if max_trials is not None and max_trials < need:
-        raise BudgetError(
-            f"max_trials={max_trials} cannot hold {parts}: give max_trials >= {need}", need
-        )
-    if max_benchmark_s is not None and max_benchmark_s < need * run_seconds:
-        raise BudgetError(
-            f"a benchmark time budget of {max_benchmark_s:g} s cannot hold {parts} of "
-            f"{run_seconds:g} s each: give at least {need * run_seconds:g} s",
-            need * run_seconds,
-        )
-    return need
 
 
 @dataclass(frozen=True)
@@ -193,21 +130,6 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Measurement:
-    """The result of one benchmark run."""
-
-    samples: tuple[float, ...]  # per-second throughput, warm-up removed
-    latency_p95_ms: float | None = None
-    latency_p99_ms: float | None = None
-    latency_p95_samples: tuple[float, ...] = ()  # per-second p95, for objective latency_p95
-    failed: bool = False  # pgbench aborted, server did not start: the candidate is rejected
-    error: str | None = None
-    # per-transaction evidence per stream; when present the run's level comes from it
-    # (optimizer/evidence.py) and the per-second samples are for display only
-    streams: tuple[StreamStat, ...] = ()
-
-
-@dataclass(frozen=True)
 class _Request:
     config: Config
     knob: str | None
@@ -215,33 +137,6 @@ class _Request:
     role: Role
     about: str | None  # the knob whose evaluation this run belongs to
     joint: tuple[str, ...] = ()  # the knobs of a joint (hints) evaluation
-
-
-@dataclass(frozen=True)
-class _Run(Run):
-    """A run of this session: :class:`~optimizer.verdict.Run` with its trial index as time."""
-
-    @property
-    def index(self) -> int:
-        return int(self.t)
-
-
-@dataclass(frozen=True)
-class Shift:
-    """Runs of one config that moved more than the noise allows: the server's load changed."""
-
-    trial: int  # the later run's trial index
-    earlier: int  # the earlier run's trial index
-    change: float  # fraction the later run is above (+) or below (-) the earlier
-    allowed: float  # the change the noise allows (SHIFT_Z sds of a difference)
-    about: str  # what was being evaluated
-
-    def text(self) -> str:
-        return (
-            f"the server's load moved: runs {self.earlier + 1} and {self.trial + 1} of one "
-            f"config differ by {self.change:+.0%} (noise allows about +-{self.allowed:.0%}) "
-            f"while evaluating {self.about}; re-measuring instead of deciding"
-        )
 
 
 class _Cancel:
@@ -255,16 +150,6 @@ class _Cut(_Cancel):
 _CANCEL = _Cancel()
 _CUT = _Cut()
 _Walk = Generator[_Request, Measurement | _Cancel, None]
-Key = tuple[tuple[str, Value], ...]
-
-
-@dataclass
-class _Limits:
-    """Session-only exclusions learnt from failed runs: values at or beyond them are not tried."""
-
-    below: float = -math.inf  # values <= below are out
-    above: float = math.inf  # values >= above are out
-    banned: set[int] = field(default_factory=set)  # enum/bool choice indexes that are out
 
 
 class CoordinateDescent:
@@ -274,102 +159,39 @@ class CoordinateDescent:
         self,
         space: Sequence[Knob],
         start: Config,
+        settings: DescentSettings | None = None,
         *,
-        seed: int = 0,
-        objective: Objective | str = "throughput",
-        min_gain: float = 0.02,
-        max_p99_worsening: float | None = None,
-        max_trials: int | None = 30,
-        max_benchmark_s: float | None = None,
-        run_seconds: float = 60.0,
-        max_passes: int = 2,
-        look_ahead: int = 1,
-        cliff: float = 0.25,
-        baseline_runs: int = 2,
-        max_candidate_runs: int = 6,
-        alpha: float = ALPHA,
-        run_sd: float = RUN_SD,
-        incumbent_window: int = 10,
-        promising: float = 0.04,
-        promising_after: int = 4,
-        learn_noise: bool = True,
-        max_skips: int = 2,
-        coarse: int = 1,
         hints: Mapping[str, str] | None = None,
-        joint_hints: bool = True,
-        final_runs: int = 6,
-        adjacent_gap: int = 3,
-        max_shifts: int = 2,
-        balance: float = 0.5,
-        evidence: Evidence = "auto",
+        server: Mapping[str, str] | None = None,
     ) -> None:
+        """Search ``space`` from ``start`` (unknown keys ignored: a caller may pass every
+        setting it read) as ``settings`` say; ``hints``: a suggested value per knob (e.g.
+        PGTune's), tried first when the knob is tuned; ``server``: the server's values of
+        settings outside the space (the checkpoint rule reads max_wal_size,
+        checkpoint_timeout and checkpoint_completion_target from them)."""
         if not space:
             raise KnobError("the knob space is empty: pick at least one knob")
         names = [k.name for k in space]
         if len(set(names)) != len(names):
             raise KnobError("the knob space lists a knob twice")
-        obj = as_objective(objective)
-        if min_gain < 0 or max_passes < 1 or run_seconds <= 0 or baseline_runs < 1:
-            raise ValueError(
-                "need min_gain >= 0, max_passes >= 1, run_seconds > 0, baseline_runs >= 1"
-            )
-        if max_candidate_runs < 1 or look_ahead < 0 or incumbent_window < 1:
-            raise ValueError("need max_candidate_runs >= 1, look_ahead >= 0, incumbent_window >= 1")
-        if final_runs < 0 or final_runs % 2:
-            raise ValueError("final_runs must be an even number >= 0 (A B B A A B ...)")
-        if adjacent_gap < 1 or max_shifts < 0:
-            raise ValueError("need adjacent_gap >= 1 and max_shifts >= 0")
-        self.min_trials = check_budget(
-            max_trials=max_trials,
-            max_benchmark_s=max_benchmark_s,
-            run_seconds=run_seconds,
-            baseline_runs=baseline_runs,
-            final_runs=final_runs,
-        )
+        self.settings = settings = settings or DescentSettings()
+        self.min_trials = settings.min_trials  # BudgetError if the budget is too small
         self.space: tuple[Knob, ...] = tuple(space)
         self._knobs = {k.name: k for k in self.space}
-        self.seed = seed  # the walk is deterministic; kept so a session records its arguments
-        self.objective_spec: Objective = obj
-        self.objective = obj.kind
-        if evidence not in ("auto", "transactions", "seconds"):
-            raise ValueError("evidence must be auto, transactions or seconds")
-        # what runs are judged on; "auto" is settled by the first run (see _evidence_for)
-        self.evidence: Evidence = evidence
-        if self._needs_transactions():
-            self.evidence = "transactions"
-        self.min_gain = min_gain
-        self.max_p99_worsening = max_p99_worsening
-        self.max_trials = max_trials
-        self.max_benchmark_s = max_benchmark_s
-        self.run_seconds = run_seconds
-        self.max_passes = max_passes
-        self.look_ahead = look_ahead
-        self.cliff = cliff
-        self.baseline_runs = baseline_runs
-        self.max_candidate_runs = max_candidate_runs
-        self.alpha = alpha
-        self.run_sd = run_sd
-        self.incumbent_window = incumbent_window
-        self.promising = promising
-        self.promising_after = promising_after
-        self.learn_noise = learn_noise
-        self.max_skips = max_skips
-        self.coarse = coarse
-        self.joint_hints = joint_hints
-        self.final_runs = final_runs
-        self.adjacent_gap = adjacent_gap
-        self.balance = balance
-        self.max_shifts = max_shifts
-        self._limits_lat: dict[str, float] = {f"p95:{k}": v for k, v in obj.p95_limits.items()}
-        if max_p99_worsening is not None:
-            self._limits_lat["p99"] = max_p99_worsening
+        self.objective_spec = settings.objective
+        self.objective = settings.objective.kind
+        self._ledger = RunLedger(settings)  # the runs, their noise, the load shifts
+        self._steps = Steps(self.space)  # step values, and limits learnt from failed runs
+        self._limits_lat: dict[str, float] = {
+            f"p95:{k}": v for k, v in settings.objective.p95_limits.items()
+        }
+        if settings.max_p99_worsening is not None:
+            self._limits_lat["p99"] = settings.max_p99_worsening
 
-        # unknown keys in start are ignored: the service may pass every setting it read
         self._baseline: dict[str, Value] = {}
         for k in self.space:
             self._baseline[k.name] = k.parse(start.get(k.name, k.default))
         self._inc: dict[str, Value] = dict(self._baseline)
-        # a suggested value per knob (e.g. PGTune's), tried first when the knob is tuned
         self._hints: dict[str, Value] = {}
         for k in self.space:
             if hints and k.name in hints:
@@ -380,8 +202,14 @@ class CoordinateDescent:
                         h = float(round(h))
                 self._hints[k.name] = h
         self._excluded: dict[str, str] = {}
-        self._limits: dict[str, _Limits] = {k.name: _Limits() for k in self.space}
-        self._runs: dict[Key, list[_Run]] = {}
+        self._server: dict[str, str] = dict(server or {})
+        # the order the walk tunes knobs in (optimizer/order.py, after the baseline)
+        self._order: tuple[Knob, ...] = self.space
+        self.order_notes: tuple[str, ...] = ()
+        # checkpoint knobs the runs could not show (optimizer/checkpoints.py), with the note
+        self._set_aside: dict[str, str] = {}
+        self._wal_rate: float | None = None  # bytes/s, the latest run that measured it
+        self._baseline_counters: list[ServerCounters] = []
         self._trials = 0
         self._trials_by_knob: dict[str, int] = {k.name: 0 for k in self.space}
         self._gain_by_knob: dict[str, float] = {}
@@ -394,14 +222,36 @@ class CoordinateDescent:
         self._final_left = 0  # runs of the final check still to perform
         self.final_verdict: Verdict | None = None  # the final check's, once it is complete
         self.final_rejected: Config | None = None  # the walk's best, if the final check failed it
-        self.shifts: list[Shift] = []  # load shifts seen, in order
-        self._shifted_at: dict[Key, int] = {}  # config -> trial of its latest shift
         self._about = "the baseline"  # what the current runs are for (shift reports)
         self._concluding = False
         self._last_config: Config | None = None  # what the server ran last, as far as we know
         self._gen: _Walk = self._walk()
         self._next: _Request | None = self._advance(None)
         self._settle()
+
+    @property
+    def evidence(self) -> Evidence:
+        """What runs are judged on: "auto" until the first usable run settles it."""
+        return self._ledger.evidence
+
+    @property
+    def set_aside(self) -> Mapping[str, str]:
+        """Knobs not judged because the runs span no checkpoint cycle: knob -> note."""
+        return dict(self._set_aside)
+
+    @property
+    def wal_rate(self) -> float | None:
+        """WAL bytes/s the latest run measured (None: not measured)."""
+        return self._wal_rate
+
+    @property
+    def shifts(self) -> list[Shift]:
+        """The load shifts seen, in order."""
+        return self._ledger.shifts
+
+    @property
+    def min_gain(self) -> float:
+        return self.settings.min_gain
 
     # --- ask/tell -----------------------------------------------------------------------------
 
@@ -436,6 +286,12 @@ class CoordinateDescent:
             self._trials_by_knob[self._next.about] += 1
         self._trials += 1
         self._last_config = candidate.config
+        c = measurement.counters
+        if c is not None and not measurement.failed:
+            if c.wal_rate is not None:
+                self._wal_rate = c.wal_rate
+            if candidate.role == "baseline":
+                self._baseline_counters.append(c)
         self._out = None
         self._next = self._advance(measurement)
         self._settle()
@@ -486,7 +342,7 @@ class CoordinateDescent:
         """
         if self._concluding:
             return self._final_left
-        return self.final_runs if self._moved else min(2, self.final_runs)
+        return self.settings.final_runs if self._moved else min(2, self.settings.final_runs)
 
     def end_final_check(self) -> None:
         """End the final check with the runs it has (a wall-clock budget is spent).
@@ -555,10 +411,10 @@ class CoordinateDescent:
         From the final check's side-by-side runs once it has both; before that (or if the
         budget left no room for it) from all their runs, drift between them included.
         """
-        base = self._runs.get(self._key(self._baseline), [])
+        base = self._ledger.runs.get(self._key(self._baseline), [])
         if not base:
             return None
-        inc = self._runs.get(self._key(self._inc), [])
+        inc = self._ledger.runs.get(self._key(self._inc), [])
         if not self._moved or not inc:
             return Verdict(False, 0.0, None, "incumbent is the baseline", None, (len(base), 0))
         keys = (self._key(self._baseline), self._key(self._inc))
@@ -572,17 +428,22 @@ class CoordinateDescent:
             return self._trials
         per_knob = 6  # typical on the simulated surfaces: ~2 runs per step, ~3 steps per knob
         active = sum(1 for k in self.space if k.name not in self._excluded)
-        later = sum(1 for k in self.space[self._pos + 1 :] if k.name not in self._excluded)
-        left = per_knob * (later + 1) + (self.max_passes - self._pass - 1) * active * per_knob // 2
-        if self._trials < self.baseline_runs:
-            left += self.baseline_runs - self._trials
+        later = sum(1 for k in self._order[self._pos + 1 :] if k.name not in self._excluded)
+        left = (
+            per_knob * (later + 1)
+            + (self.settings.max_passes - self._pass - 1) * active * per_knob // 2
+        )
+        if self._trials < self.settings.baseline_runs:
+            left += self.settings.baseline_runs - self._trials
         if self._concluding:
             left = self.final_runs_left
         estimate = self._trials + left + (0 if self._concluding else self.final_runs_left)
-        if self.max_trials is not None:
-            estimate = min(estimate, self.max_trials)
-        if self.max_benchmark_s is not None:
-            estimate = min(estimate, int(self.max_benchmark_s // self.run_seconds))
+        if self.settings.max_trials is not None:
+            estimate = min(estimate, self.settings.max_trials)
+        if self.settings.max_benchmark_s is not None:
+            estimate = min(
+                estimate, int(self.settings.max_benchmark_s // self.settings.run_seconds)
+            )
         return max(estimate, self._trials + 1)
 
     def recommendation(self, header: Mapping[str, str] | None = None) -> Recommendation:
@@ -598,7 +459,8 @@ class CoordinateDescent:
                     trials=self._trials_by_knob[k.name],
                     needs_restart=k.needs_restart,
                     durability_unsafe=k.durability_unsafe,
-                    excluded=self._excluded.get(k.name),
+                    excluded=None if k.name in self._set_aside else self._excluded.get(k.name),
+                    not_judged=self._set_aside.get(k.name),
                 )
             )
         ov = self.overall()
@@ -624,11 +486,11 @@ class CoordinateDescent:
 
     def _over_budget(self, trials: int) -> str | None:
         """Why ``trials`` runs in all would exceed the budget, or None if they fit."""
-        if self.max_trials is not None and trials > self.max_trials:
+        if self.settings.max_trials is not None and trials > self.settings.max_trials:
             return "trial budget spent"
         if (
-            self.max_benchmark_s is not None
-            and trials * self.run_seconds > self.max_benchmark_s + 1e-9
+            self.settings.max_benchmark_s is not None
+            and trials * self.settings.run_seconds > self.settings.max_benchmark_s + 1e-9
         ):
             return "benchmark time budget spent"
         return None
@@ -636,10 +498,12 @@ class CoordinateDescent:
     def _room(self) -> int | None:
         """How many more runs the trial budgets hold; None if they set no limit."""
         rooms = []
-        if self.max_trials is not None:
-            rooms.append(self.max_trials - self._trials)
-        if self.max_benchmark_s is not None:
-            rooms.append(int(self.max_benchmark_s / self.run_seconds + 1e-9) - self._trials)
+        if self.settings.max_trials is not None:
+            rooms.append(self.settings.max_trials - self._trials)
+        if self.settings.max_benchmark_s is not None:
+            rooms.append(
+                int(self.settings.max_benchmark_s / self.settings.run_seconds + 1e-9) - self._trials
+            )
         return max(min(rooms), 0) if rooms else None
 
     def _settle(self) -> None:
@@ -649,7 +513,7 @@ class CoordinateDescent:
         if self._next is None:
             self._begin_final(None)
             return
-        if self.final_runs and self._over_budget(self._trials + 1 + self.final_runs_left):
+        if self.settings.final_runs and self._over_budget(self._trials + 1 + self.final_runs_left):
             self._begin_final("budget left for the final check only")
 
     def _begin_final(self, why: str | None) -> None:
@@ -662,15 +526,15 @@ class CoordinateDescent:
 
     def _final_check(self) -> _Walk:
         """Incumbent and baseline side by side, A B B A ..., to state the gain without drift."""
-        if not self._moved or not self.final_runs:
+        if not self._moved or not self.settings.final_runs:
             return
         keys = {"final-incumbent": self._inc, "final-baseline": self._baseline}
         # start with what the server already runs: one restart fewer
         last = self._last_config
         first: Role = "final-baseline" if last == self.baseline else "final-incumbent"
         second: Role = "final-incumbent" if first == "final-baseline" else "final-baseline"
-        order = [first, second, second, first] * (self.final_runs // 4)
-        order += [first, second][: self.final_runs % 4]
+        order = [first, second, second, first] * (self.settings.final_runs // 4)
+        order += [first, second][: self.settings.final_runs % 4]
         room = self._room()
         if room is not None:  # a late keep: what the budget holds (>= 2, see final_runs_left)
             order = order[:room]
@@ -685,7 +549,7 @@ class CoordinateDescent:
             self._final_left -= 1
             if isinstance(m, _Cancel):
                 return
-            run = self._record(self._key(values), m)
+            run = self._ledger.record(self._key(values), m, self._trials - 1, self._about)
             if run is not None:
                 self._final.setdefault(role, []).append(run)
         v = self.overall()
@@ -707,20 +571,6 @@ class CoordinateDescent:
         first = min(r.index for runs in self._final.values() for r in runs)
         return [sh for sh in self.shifts if sh.trial > first]
 
-    def _shift(self, a: Run, b: Run, about: str) -> Shift:
-        sd = math.sqrt(2 * self.run_sd**2 + a.stat.within_var + b.stat.within_var)
-        allowed = math.expm1(SHIFT_Z * sd)
-        sh = Shift(
-            trial=int(b.t),
-            earlier=int(a.t),
-            change=math.expm1(b.stat.centre - a.stat.centre),
-            allowed=allowed,
-            about=about,
-        )
-        if all((x.trial, x.earlier) != (sh.trial, sh.earlier) for x in self.shifts):
-            self.shifts.append(sh)
-        return sh
-
     def _advance(self, m: Measurement | _Cancel | None) -> _Request | None:
         try:
             return next(self._gen) if m is None else self._gen.send(m)
@@ -733,118 +583,34 @@ class CoordinateDescent:
     def _key(self, values: Mapping[str, Value]) -> Key:
         return tuple((k.name, values[k.name]) for k in self.space)
 
-    def _needs_transactions(self) -> bool:
-        """Query times and objectives over several streams exist only per transaction."""
-        obj = self.objective_spec
-        per_stream = obj.primary is not None or bool(obj.weights) or bool(obj.p95_limits)
-        return obj.kind not in ("throughput", "latency_p95") or per_stream
-
-    def _evidence_for(self, m: Measurement) -> Evidence:
-        """Settle "auto" on the first usable run: transactions for several streams or a
-        slow workload (below LOW_RATE_TPS), else per-second samples. Deterministic given
-        the runs, so a replayed session settles the same way."""
-        if self.evidence == "auto" and m.streams and not m.failed:
-            rate = statistics.median(m.samples) if m.samples else 0.0
-            slow = rate < LOW_RATE_TPS
-            self.evidence = "transactions" if len(m.streams) > 1 or slow else "seconds"
-        return self.evidence
-
-    def _level(self, m: Measurement) -> RunStat | None:
-        """The run's level by the objective; None if it carries no usable evidence."""
-        if m.streams and self._evidence_for(m) == "transactions":
-            st = run_level(m.streams, self.objective_spec)
-            return st if st.centre > FLOOR else None
-        kind = self.objective
-        if kind == "throughput":
-            vals: tuple[float, ...] = tuple(m.samples)
-        elif kind == "latency_p95":
-            vals = m.latency_p95_samples or (
-                (m.latency_p95_ms,) if m.latency_p95_ms is not None else ()
-            )
-        else:
-            return None  # query times need per-transaction evidence
-        if not vals or any(not math.isfinite(v) or v < 0 for v in vals):
-            return None
-        return run_stat(vals, lower_is_better=kind == "latency_p95")
-
-    def _record(self, key: Key, m: Measurement) -> _Run | None:
-        """Store a successful run; None if it failed or carried no usable evidence."""
-        if m.failed:
-            return None
-        stat = self._level(m)
-        if stat is None:
-            return None
-        latency: dict[str, float] = {}
-        if m.latency_p99_ms is not None and m.latency_p99_ms > 0:
-            latency["p99"] = math.log(m.latency_p99_ms)
-        for s in m.streams:
-            if s.p95_ms is not None and s.p95_ms > 0:
-                latency[f"p95:{s.name}"] = math.log(s.p95_ms)
-        run = _Run(float(self._trials - 1), stat, latency)
-        runs = self._runs.setdefault(key, [])
-        if runs and run.index - runs[-1].index <= self.incumbent_window:
-            for a, b, _z in shifts([runs[-1], run], self.run_sd):
-                self._shift(a, b, self._about)
-                self._shifted_at[key] = run.index  # older runs no longer describe it
-        runs.append(run)
-        return run
-
-    def _recent(self, key: Key) -> list[_Run]:
-        """The incumbent's runs recent enough to compare with: within ``incumbent_window``
-        trials (slow drift makes old runs stale) and since its last load shift."""
-        oldest = max(self._trials - self.incumbent_window, self._shifted_at.get(key, 0))
-        runs = [r for r in self._runs.get(key, []) if r.index >= oldest]
-        return runs[-self.max_candidate_runs :]
-
-    def _noise(self, skip: Sequence[Key]) -> tuple[float, float]:
-        """Between-run sd and its weight in df: the prior pooled with this session's replicates.
-
-        Every config measured more than once (other than the two being compared) shows the
-        machine's run-to-run drift; pooling them gives the verdict many degrees of freedom
-        instead of the prior's 4 once the session is under way.
-        """
-        ss = w_sum = 0.0
-        df = n = 0
-        for key, runs in self._runs.items():
-            if key in skip or len(runs) < 2:
-                continue
-            c = [r.stat.centre for r in runs]
-            mean = sum(c) / len(c)
-            ss += sum((x - mean) ** 2 for x in c)
-            df += len(c) - 1
-            w_sum += sum(r.stat.within_var for r in runs)
-            n += len(runs)
-        if df == 0 or not self.learn_noise:
-            return self.run_sd, PRIOR_DF
-        between = max(ss / df - w_sum / n, 0.0)
-        var = (PRIOR_DF * self.run_sd**2 + df * between) / (PRIOR_DF + df)
-        return math.sqrt(var), PRIOR_DF + df
-
     def _judge(
         self,
         keys: tuple[Key, Key],
         inc: Sequence[_Run],
         cand: Sequence[_Run],
     ) -> Verdict:
-        run_sd, prior_df = self._noise(keys)
+        run_sd, prior_df = self._ledger.noise(keys)
         return compare(
             inc,
             cand,
             min_gain=self.min_gain,
-            alpha=self.alpha,
+            alpha=self.settings.alpha,
             run_sd=run_sd,
             prior_df=prior_df,
             lower_is_better=self.objective_spec.lower_is_better,
             limits=self._limits_lat,
-            balance=self.balance,
+            balance=self.settings.balance,
         )
 
     def _walk(self) -> _Walk:
         base_key = self._key(self._baseline)
         failures = 0
-        while len(self._runs.get(base_key, [])) < self.baseline_runs:
+        while len(self._ledger.runs.get(base_key, [])) < self.settings.baseline_runs:
             m = yield _Request(self._config(self._baseline), None, None, "baseline", None)
-            if isinstance(m, _Cancel) or self._record(base_key, m) is None:
+            if (
+                isinstance(m, _Cancel)
+                or self._ledger.record(base_key, m, self._trials - 1, self._about) is None
+            ):
                 failures += 1
                 if failures >= 2:  # the unchanged server cannot be benchmarked: nothing to do
                     gone = [] if isinstance(m, _Cancel) else unfinished(m.streams)
@@ -855,36 +621,49 @@ class CoordinateDescent:
                         else ""
                     )
                     return
+        if self.settings.order_by_counters:
+            # busy mechanisms first, idle ones last (optimizer/order.py)
+            ordering = order_knobs([k.name for k in self.space], combine(self._baseline_counters))
+            self._order = tuple(self._knobs[n] for n in ordering.order)
+            self.order_notes = ordering.notes
         joint = {
             n: h
             for n, h in self._hints.items()
-            if n not in self._excluded and self._allowed(self._knobs[n], h)
+            if n not in self._excluded
+            and self._allowed(self._knobs[n], h)
+            # a checkpoint knob the runs cannot show does not ride along with the others
+            and self._blocked(self._knobs[n], h) is None
         }
-        if self.joint_hints and len(joint) >= 2:
+        if self.settings.joint_hints and len(joint) >= 2:
             # all the hints at once: if they help together (a rule of thumb usually does),
             # the effect is large and proven in a few runs; the walk then starts from there
             v = yield from self._evaluate(None, "", joint)
             if v is not None and v.keep:
                 for n in joint:
                     self._gain_by_knob.pop(n, None)
-        for p in range(self.max_passes):
+        for p in range(self.settings.max_passes):
             self._pass = p
             changed = False
-            for pos, knob in enumerate(self.space):
+            for pos, knob in enumerate(self._order):
                 self._pos = pos
                 if knob.name not in self._excluded:
                     changed = (yield from self._tune(knob, p)) or changed
             if not changed:
                 self.stop_reason = "converged: a full pass kept nothing"
                 return
-        self.stop_reason = f"max_passes={self.max_passes} reached"
+        self.stop_reason = f"max_passes={self.settings.max_passes} reached"
 
     def _tune(self, knob: Knob, p: int) -> Generator[_Request, Measurement | _Cancel, bool]:
         """Walk one knob: upward while kept, with look-ahead; downward if upward kept nothing."""
         moved = False
         directions = (1, -1)
         hint = self._hints.get(knob.name)
+        evaluated = False  # a value of this knob was measured in this call
+        blocked: str | None = None  # why a value could not be judged on these runs
         if p == 0 and hint is not None and self._allowed(knob, hint):
+            blocked = self._blocked(knob, hint)
+        if p == 0 and hint is not None and self._allowed(knob, hint) and blocked is None:
+            evaluated = True
             cur = self._inc[knob.name]
             v = yield from self._evaluate(knob, hint)
             if v is None:
@@ -902,19 +681,26 @@ class CoordinateDescent:
                 break  # a kept step upward means down is the wrong way
             ahead = 0  # steps beyond the incumbent already tried without a keep
             worse = skips = 0
-            level = p - self.coarse  # step = step_size ** (1 / 2**level)
+            level = p - self.settings.coarse  # step = step_size ** (1 / 2**level)
             tried: set[Value] = set()
             while knob.name not in self._excluded:
-                value = self._step(knob, self._inc[knob.name], direction, level, ahead + 1)
+                value = self._steps.step(knob, self._inc[knob.name], direction, level, ahead + 1)
                 if value is None or value in tried:
                     break
                 tried.add(value)
                 ahead += 1
-                if self._key({**self._inc, knob.name: value}) in self._runs:
+                if self._key({**self._inc, knob.name: value}) in self._ledger.runs:
                     worse += 1  # measured before (an earlier pass): never re-run by accident
-                    if worse > self.look_ahead:
+                    if worse > self.settings.look_ahead:
                         break
                     continue
+                note = self._blocked(knob, value)
+                if note is not None:
+                    # the runs span no checkpoint cycle of this value: not judged, and no
+                    # value further along this direction would be either
+                    blocked = blocked or note
+                    break
+                evaluated = True
                 v = yield from self._evaluate(knob, value)
                 if v is None:  # withdrawn by exclude()
                     return moved
@@ -922,18 +708,38 @@ class CoordinateDescent:
                     moved, ahead, worse, skips = True, 0, 0, 0
                     tried.clear()
                     continue
-                if v.p_value is None or v.gain < -self.cliff:
+                if v.p_value is None or v.gain < -self.settings.cliff:
                     break  # failed run or cliff: nothing to find past it
                 assert v.se is not None
                 if self._log_ratio(v.gain) + 1.28 * v.se < 0:
                     worse += 1  # clearly worse: one look-ahead past it (a dip), then stop
-                    if worse > self.look_ahead:
+                    if worse > self.settings.look_ahead:
                         break
                 else:
                     skips += 1  # flat or better-but-unproven: the effect grows one step further
-                    if skips > self.max_skips:
+                    if skips > self.settings.max_skips:
                         break
+        if blocked is not None and not evaluated and not self._trials_by_knob[knob.name]:
+            # set aside, never "no effect": the note names the run length it needs (a knob
+            # measured in an earlier pass was judged there, and keeps that verdict)
+            self._set_aside[knob.name] = blocked
+            self._excluded[knob.name] = blocked
         return moved
+
+    def _blocked(self, knob: Knob, value: Value) -> str | None:
+        """Why runs of this length cannot judge ``knob`` at ``value`` against the incumbent
+        (optimizer/checkpoints.py), or None."""
+        if not self.settings.checkpoint_rule:
+            return None
+        inc = {**self._server, **self.incumbent}
+        return checkpoints.set_aside(
+            knob.name,
+            inc,
+            {**inc, knob.name: knob.format(value)},
+            wal_rate=self._wal_rate,
+            window_s=self.settings.run_seconds,
+            warmup_s=self.settings.warmup_seconds,
+        )
 
     def _evaluate(
         self, knob: Knob | None, value: Value, joint: Mapping[str, Value] | None = None
@@ -961,7 +767,7 @@ class CoordinateDescent:
         moved = 0  # load shifts seen during this evaluation
         last: Role | None = None
         while True:
-            window_inc = [r for r in self._runs.get(inc_key, []) if r.index >= since]
+            window_inc = [r for r in self._ledger.runs.get(inc_key, []) if r.index >= since]
             window_cand = [r for r in cand if r.index >= since]
             if cand:
                 v = None
@@ -986,7 +792,7 @@ class CoordinateDescent:
                 if v is None or not v.adjacent:
                     # no adjacent evidence yet: the recent incumbent runs can still show
                     # that the candidate is not worth more runs (rejecting needs no adjacency)
-                    recent = self._recent(inc_key)
+                    recent = self._ledger.recent(inc_key, self._trials)
                     if recent:
                         v = self._judge((inc_key, key), recent, cand)
                         v = replace(v, keep=False)
@@ -996,18 +802,21 @@ class CoordinateDescent:
                     # futile: measured worse, or even an optimistic bound (80%) misses min_gain
                     if v.gain < 0 or d + 1.28 * v.se < self._log_ratio(self.min_gain):
                         return self._finish(name, text, self._not_kept(v))
-                    if moved > self.max_shifts:
+                    if moved > self.settings.max_shifts:
                         why = (
                             f"undecided: the server's load moved {moved} times while "
                             f"measuring ({v.gain:+.1%} on the last window); not kept"
                         )
                         return self._finish(name, text, replace(v, keep=False, reason=why))
                     balanced = len(window_inc) >= len(window_cand)
-                    if len(cand) >= self.max_candidate_runs and balanced:
+                    if len(cand) >= self.settings.max_candidate_runs and balanced:
                         return self._finish(name, text, self._not_kept(v))
-                    if len(cand) >= self.max_candidate_runs + 2 * self.max_shifts:
+                    if len(cand) >= self.settings.max_candidate_runs + 2 * self.settings.max_shifts:
                         return self._finish(name, text, self._not_kept(v))
-                    if len(cand) >= self.promising_after and v.gain < self.promising:
+                    if (
+                        len(cand) >= self.settings.promising_after
+                        and v.gain < self.settings.promising
+                    ):
                         # better, but by too little to confirm cheaply: let the walk look further
                         return self._finish(name, text, self._not_kept(v))
             if cand and self._incumbent_next(window_inc, window_cand, last):
@@ -1017,7 +826,7 @@ class CoordinateDescent:
                 last = "incumbent"
                 if isinstance(m, _Cancel):
                     return None
-                if self._record(inc_key, m) is None:
+                if self._ledger.record(inc_key, m, self._trials - 1, self._about) is None:
                     inc_failures += 1
                     if inc_failures >= 2:
                         v = Verdict(False, 0.0, None, "rejected: incumbent re-run failed twice")
@@ -1027,9 +836,9 @@ class CoordinateDescent:
             last = "candidate"
             if isinstance(m, _Cancel):
                 return None
-            if self._record(key, m) is None:
+            if self._ledger.record(key, m, self._trials - 1, self._about) is None:
                 if knob is not None:
-                    self._forbid(knob, value)
+                    self._steps.forbid(knob, value, self._inc[knob.name])
                 gone = unfinished(m.streams)
                 why = m.error or (
                     "run failed"
@@ -1040,11 +849,11 @@ class CoordinateDescent:
                     else "no usable samples"
                 )
                 return self._finish(name, text, Verdict(False, 0.0, None, f"rejected: {why}"))
-            cand.append(self._runs[key][-1])
+            cand.append(self._ledger.runs[key][-1])
             if since < 0:
                 # the incumbent's runs just before the first candidate run are adjacent
                 # (a candidate rejected after one run may sit in between)
-                since = cand[0].index - self.adjacent_gap
+                since = cand[0].index - self.settings.adjacent_gap
 
     def _incumbent_next(self, inc: Sequence[_Run], cand: Sequence[_Run], last: Role | None) -> bool:
         """Whether the next run of an evaluation measures the incumbent (else the candidate).
@@ -1060,7 +869,7 @@ class CoordinateDescent:
             return True
         ti = sum(r.index for r in inc) / len(inc)
         tc = sum(r.index for r in cand) / len(cand)
-        if abs(ti - tc) > self.balance:
+        if abs(ti - tc) > self.settings.balance:
             return ti < tc
         if len(inc) != len(cand):
             return len(inc) < len(cand)
@@ -1088,72 +897,6 @@ class CoordinateDescent:
         """``value`` differs from the incumbent, was never measured here and is not excluded."""
         if value == self._inc[knob.name]:
             return False
-        if self._key({**self._inc, knob.name: value}) in self._runs:
+        if self._key({**self._inc, knob.name: value}) in self._ledger.runs:
             return False
-        lim = self._limits[knob.name]
-        if isinstance(value, str):
-            return knob.index(value) not in lim.banned
-        return lim.below < value < lim.above
-
-    def _forbid(self, knob: Knob, value: Value) -> None:
-        """A failed run (e.g. the server would not start): never try this value or beyond again."""
-        lim = self._limits[knob.name]
-        cur = self._inc[knob.name]
-        if isinstance(value, str) or isinstance(cur, str):
-            i, c = knob.index(str(value)), knob.index(str(cur))
-            lo, hi = (i, len(knob.choices)) if i > c else (0, i + 1)
-            lim.banned.update(range(lo, hi))
-        elif value > cur:
-            lim.above = min(lim.above, value)
-        else:
-            lim.below = max(lim.below, value)
-
-    def _step(
-        self, knob: Knob, cur: Value, direction: int, p: int | float, distance: int
-    ) -> Value | None:
-        """The value ``distance`` steps from ``cur``, within bounds, or None if there is none."""
-        lim = self._limits[knob.name]
-        if knob.kind in ("enum", "bool"):
-            i = knob.choices.index(str(cur)) + direction * distance
-            if 0 <= i < len(knob.choices) and i not in lim.banned:
-                return knob.choices[i]
-            return None
-        c = float(cur)
-        if knob.step == "multiplicative":
-            f: float = knob.step_size ** (1.0 / 2**p)
-            if c < knob.lower or c <= 0:  # 0 ("off") or a sentinel such as -1 ("auto")
-                if direction < 0:
-                    return None
-                target = max(knob.floor, knob.lower) * f ** (distance - 1)
-            else:
-                target = c * f ** (direction * distance)
-                if target < knob.floor:  # below the first meaningful value: up to it, or off
-                    target = knob.floor if direction > 0 else knob.lower
-            target = _nice(knob, target)
-        else:
-            step = knob.step_size / 2**p
-            target = round(c + direction * distance * step, 10)
-        target = min(max(target, knob.lower), knob.upper)
-        if knob.kind == "integer":
-            target = float(round(target))
-        if target == c or not lim.below < target < lim.above:
-            return None
-        if (target - c) * direction <= 0:
-            return None  # clamping moved it the wrong way (current value out of bounds)
-        return target
-
-
-def _nice(knob: Knob, x: float) -> float:
-    """Round a multiplicative step to a value a DBA would write (3 significant bits for sizes)."""
-    if x <= 0 or knob.kind != "integer":
-        return float(f"{x:.3g}") if x > 0 else x
-    fam = knob.unit and knob.unit[-1] == "B"
-    if fam:
-        if x < 16:
-            return float(round(x))
-        q = 2.0 ** (math.floor(math.log2(x)) - 3)
-        return round(x / q) * q
-    if x < 100:
-        return float(round(x))
-    q = 10.0 ** (math.floor(math.log10(x)) - 1)
-    return round(x / q) * q
+        return self._steps.within(knob, value)

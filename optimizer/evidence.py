@@ -31,6 +31,14 @@ transactions, mean latency ``L_l`` and the variance of that mean.
 * latency_p95: the stream's p95 latency over its transactions (lower is better).
 * query_time_geomean: the geometric mean of the labels' mean latencies (TPC-H's Power
   metric is a geometric mean); query_time_total: their sum. Lower is better.
+* latency_mean: the mean latency of the designed mix, ``sum(p_l * L_l) / sum(p_l * f_l)``:
+  each label (a normalized query of a replayed capture) counts by its share of calls, so
+  its weight in the level is its share of the time, and chance in how many of each label
+  a run drew does not move it. ``f_l`` as for throughput: without failures the level is
+  ``sum(p_l * L_l)`` itself; a config that makes statements fail is charged the time of
+  the statements that did not succeed. Lower is better. The default of a replayed
+  capture (app/workloads/replay.py): a replay runs on the capture's schedule, so its
+  throughput is set by the capture, not by the config.
 
 Each level is kept in logs, "higher is better" (times are negated), with its variance by
 the delta method: ``var(log sum p_l L_l) = sum p_l^2 var(L_l) / (sum p_l L_l)^2``.
@@ -98,12 +106,15 @@ import numpy as np
 
 from optimizer.verdict import ALPHA, PRIOR_DF, RUN_SD, Run, RunStat, Verdict, compare
 
-ObjectiveKind = Literal["throughput", "latency_p95", "query_time_geomean", "query_time_total"]
+ObjectiveKind = Literal[
+    "throughput", "latency_p95", "query_time_geomean", "query_time_total", "latency_mean"
+]
 OBJECTIVE_KINDS: tuple[ObjectiveKind, ...] = (
     "throughput",
     "latency_p95",
     "query_time_geomean",
     "query_time_total",
+    "latency_mean",
 )
 PRIOR_CV = 0.5  # prior coefficient of variation of one transaction's latency
 PRIOR_N = 2.0  # its weight, in transactions
@@ -370,9 +381,12 @@ def stream_level(s: StreamStat, kind: ObjectiveKind) -> tuple[float, float]:
     if kind == "query_time_total":
         return -math.log(busy), log_var
     ok = np.array([x.n / (x.n + x.failed) if x.n + x.failed else 0.0 for x in designed])
-    success = float(np.dot(p, ok))
+    success = float(np.dot(p, ok))  # the designed shares sum to 1
     if success <= 0:
         return FLOOR, 0.0
+    if kind == "latency_mean":
+        # ms per statement that succeeded (without failures: sum(p_l * L_l))
+        return -math.log(busy / success), log_var
     return math.log(s.clients * 1000.0 * success / busy), log_var
 
 

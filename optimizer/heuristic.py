@@ -6,7 +6,7 @@ selectCheckpointSegments, selectWalBuffers, selectDefaultStatisticsTarget,
 selectRandomPageCost, selectEffectiveIoConcurrency, selectParallelSettings,
 selectWorkMem, selectHugePages, selectJit, selectWalCompression,
 selectAutovacuumMaxWorkers, selectAutovacuumWorkMem), for Linux. It serves as a start
-point for the search and as the baseline to beat: DESIGN.md measured +40-60% from such a
+point for the search and as the baseline to beat: docs/architecture.md measured +40-60% from such a
 config on a sort-heavy query and no clear change on TPC-B.
 
 Differences from PGTune, on purpose: ``max_connections`` is an input here (the server's

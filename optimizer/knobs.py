@@ -439,12 +439,26 @@ def _parse_bound(row: SettingRow, text: str | None) -> float | None:
         raise KnobError(f"{row.name}: pg_settings bound {text!r} is not a number") from exc
 
 
+def current_value(knob: Knob, row: SettingRow) -> float | None:
+    """The server's value of a numeric knob (``row.setting``) in the knob's unit, or None."""
+    if knob.kind not in ("integer", "real"):
+        return None
+    try:
+        raw = float(row.setting)
+    except (TypeError, ValueError):
+        return None
+    return convert_unit(raw, row.unit, knob.unit)
+
+
 def narrow(knob: Knob, row: SettingRow) -> Knob:
     """Intersect a knob with what the server reports in ``pg_settings``.
 
     min_val/max_val are in the row's ``unit`` (e.g. shared_buffers in '8kB' pages), so they
     are converted to the knob's base unit first. The server's ``context`` wins (it is the
-    authority on whether a restart is needed). Raises :class:`KnobError` when nothing is left.
+    authority on whether a restart is needed). The server's current value (``row.setting``)
+    is always inside the result: a range that left it out would replace the server's own
+    value with a clamped one that no run measured. Raises :class:`KnobError` when nothing is
+    left.
     """
     if row.name != knob.name:
         raise KnobError(f"pg_settings row {row.name!r} does not describe knob {knob.name!r}")
@@ -469,14 +483,18 @@ def narrow(knob: Knob, row: SettingRow) -> Knob:
     lo_raw, hi_raw = _parse_bound(row, row.min_val), _parse_bound(row, row.max_val)
     lo, hi = knob.lower, knob.upper
     try:
-        if lo_raw is not None:
-            lo = max(lo, convert_unit(lo_raw, row.unit, knob.unit))
-        if hi_raw is not None:
-            hi = min(hi, convert_unit(hi_raw, row.unit, knob.unit))
+        srv_lo = convert_unit(lo_raw, row.unit, knob.unit) if lo_raw is not None else -math.inf
+        srv_hi = convert_unit(hi_raw, row.unit, knob.unit) if hi_raw is not None else math.inf
+        lo, hi = max(lo, srv_lo), min(hi, srv_hi)
+        cur = current_value(knob, row)
     except KnobError as exc:
         raise KnobError(f"{knob.name}: {exc}") from exc
     if knob.kind == "integer":
         lo, hi = float(math.ceil(lo - 1e-9)), float(math.floor(hi + 1e-9))
+    if cur is not None and srv_lo <= cur <= srv_hi:
+        # The server's own value always lies in the range (issue 29: a catalogue bound of
+        # cpus//2 once clamped max_parallel_workers_per_gather=2 to 1 without a word).
+        lo, hi = min(lo, cur), max(hi, cur)
     if lo > hi:
         raise KnobError(
             f"{knob.name}: the safe range [{knob.format(knob.lower)}, {knob.format(knob.upper)}] "

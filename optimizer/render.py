@@ -32,6 +32,9 @@ class KnobNote:
     needs_restart: bool = False
     durability_unsafe: bool = False
     excluded: str | None = None  # why the knob was dropped, if it was
+    # set aside: the runs span no checkpoint cycle, so they could not show this knob
+    # (optimizer/checkpoints.py); the note names the run length it needs. Not "no effect".
+    not_judged: str | None = None
     # kept as part of several knobs changed at once (the hints): that candidate's gain
     together: float | None = None
 
@@ -79,6 +82,7 @@ class Recommendation:
         gain_status: str | None = None,
         overall_ci: tuple[float, float] | None = None,
         check: str | None = None,
+        not_judged: Mapping[str, str] | None = None,
     ) -> Recommendation:
         """Build from stored trials: (knob(s) or None, "keep"/"revert"/None, gain or None) each.
 
@@ -112,6 +116,7 @@ class Recommendation:
                     durability_unsafe=name in unsafe_set
                     or (spec is not None and spec.durability_unsafe),
                     together=joint[-1] if joint else None,
+                    not_judged=(not_judged or {}).get(name),
                 )
             )
         return cls(
@@ -265,9 +270,10 @@ def render_conf(rec: Recommendation) -> str:
         ("unchanged (no credible gain)", [n.name for n in same if n.trials and not n.excluded]),
         (
             "not tried (budget spent first)",
-            [n.name for n in same if not n.trials and not n.excluded],
+            [n.name for n in same if not n.trials and not n.excluded and not n.not_judged],
         ),
         ("excluded", [f"{n.name} ({_oneline(n.excluded)})" for n in same if n.excluded]),
+        ("unchanged, set aside", [_oneline(n.not_judged) for n in same if n.not_judged]),
     )
     if rec.notes and any(n.trials for n in rec.notes):
         for label, names in groups:
@@ -321,6 +327,7 @@ def render_json(rec: Recommendation) -> str:
                 "needs_restart": n.needs_restart,
                 "durability_unsafe": n.durability_unsafe,
                 "excluded": n.excluded,
+                "not_judged": n.not_judged,
             }
             for n in rec.all_notes()
         ],

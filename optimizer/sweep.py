@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats
+from scipy import special
 
-from optimizer.verdict import ALPHA, PRIOR_DF, RUN_SD
+from optimizer.verdict import ALPHA, PRIOR_DF, RUN_SD, t_ppf, t_sf
 
 TOLERANCE = 0.05
 """A count within this fraction of the best throughput is "at the best"."""
@@ -212,7 +212,7 @@ def _moderated(
         rest = [h for k, h in groups.items() if k != c]
         var_rest, dof_rest = _pool(rest, within, run_sd, prior_df)
         s2 = float(np.var(g, ddof=1))
-        if s2 > var_rest * float(stats.f.ppf(0.99, g.size - 1, dof_rest)):
+        if s2 > var_rest * float(special.fdtri(g.size - 1, dof_rest, 0.99)):
             own[c] = s2
     var, dof = _pool([g for c, g in groups.items() if c not in own], within, run_sd, prior_df)
     return var, dof, own
@@ -251,7 +251,7 @@ def analyse(
     within_all = [r.within_var for c in measured for r in ok[c]]
     within = float(np.mean(within_all)) if within_all else 0.0
     var, dof, own = _moderated({c: levels[c] for c in measured}, within, run_sd, prior_df)
-    tcrit = float(stats.t.ppf(0.975, dof))
+    tcrit = t_ppf(0.975, dof)
     notes: list[str] = []
     for c in own:
         lo, hi = (math.exp(float(v)) for v in (levels[c].min(), levels[c].max()))
@@ -293,7 +293,7 @@ def analyse(
             p, within_best = None, True
         else:
             se = math.sqrt(var_of(best) / yb.size + var_of(c) / n)
-            p = float(stats.t.sf(d / se, dof))
+            p = t_sf(d / se, dof)
             # the verdict's rule: the best "wins" only if enough better AND credibly so
             within_best = not (math.expm1(d) >= tolerance and p < alpha)
         stat[c] = PointStat(
@@ -368,7 +368,7 @@ def _latency_climb(
         y, yl = logs[c], logs[lowest]
         d = float(y.mean() - yl.mean()) - math.log1p(climb)
         se = math.sqrt(var * (1 / y.size + 1 / yl.size))
-        if float(stats.t.sf(d / se, dof)) < alpha:
+        if t_sf(d / se, dof) < alpha:
             return c
         if float(y.mean()) < float(logs[lowest].mean()):
             lowest = c

@@ -6,7 +6,7 @@ The unit of evidence is the **benchmark run**, not the second. Per-second sample
 inside a run are autocorrelated (lag-1 autocorrelation 0.25-0.3 in the recorded TPC-B
 runs) and whole runs drift: 16 identical 12 s TPC-B runs had run medians with a CV of
 6.5% while seconds inside a run varied ~9%, and runs ten minutes apart differed by up to
-14% (DESIGN.md). A test on pooled seconds treats 60 correlated seconds as 60 independent
+14% (docs/architecture.md). A test on pooled seconds treats 60 correlated seconds as 60 independent
 observations and calls that drift "significant": the textbook rule "keep if the median
 went up" keeps a no-op change about half the time.
 
@@ -50,9 +50,24 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from scipy import stats
+
+# scipy.special, not scipy.stats: the same t and normal distribution functions (scipy.stats
+# computes them with these), without the 1-3 s that importing scipy.stats adds to every
+# start of the service and the CLI.
+from scipy import special
 
 Objective = Literal["throughput", "latency_p95"]
+
+
+def t_sf(t: float, dof: float) -> float:
+    """P(T > t) for Student's t with ``dof`` degrees of freedom (any real dof > 0)."""
+    return float(special.stdtr(dof, -t))
+
+
+def t_ppf(q: float, dof: float) -> float:
+    """The ``q`` quantile of Student's t with ``dof`` degrees of freedom."""
+    return float(special.stdtrit(dof, q))
+
 
 ALPHA = 0.03
 """Per-look significance level (one-sided)."""
@@ -302,8 +317,8 @@ def _decide(
     """Keep or not from the log effect ``d`` and its standard error (t with ``dof``)."""
     ni, nc = len(incumbent), len(candidate)
     tstat = d / se
-    p = float(stats.t.sf(tstat, dof)) if dof > 0 else float(stats.norm.sf(tstat))
-    q = float(stats.t.ppf(0.975, dof)) if dof > 0 else 1.96
+    p = t_sf(tstat, dof) if dof > 0 else float(special.ndtr(-tstat))
+    q = t_ppf(0.975, dof) if dof > 0 else 1.96
     gain = _gain(d, lower_is_better)
     ci = (_gain(d - q * se, lower_is_better), _gain(d + q * se, lower_is_better))
     n = (ni, nc)
