@@ -29,8 +29,8 @@ RUN pip install . && rm -rf /src
 # Restart path of the compose target (see docker-compose.yml): ask the server,
 # as its superuser, to fast-shut itself down; the target's supervisor loop
 # starts it again; return once pg_postmaster_start_time() has changed.
-# The DSN comes from the environment so the password never shows in the
-# target's restart_command (which the API returns).
+# The DSN comes from the environment (KNOBTUNE_RESTART_DSN, passed to this command
+# alone by its restart method's "env"); the API only ever names the method.
 COPY --chmod=0755 <<'EOF' /usr/local/bin/knobtune-restart-target
 #!/bin/sh
 set -eu
@@ -61,6 +61,8 @@ echo "the target did not come back within 120 s" >&2
 exit 1
 EOF
 
+# The service never runs as root in the image: it has nothing to drop, and everything it
+# starts (pgbench, the restart command) runs as this user too.
 RUN useradd --system --uid 10001 --create-home --home-dir /var/lib/knobtune knobtune
 USER knobtune
 WORKDIR /var/lib/knobtune

@@ -1,4 +1,8 @@
-"""Throughput-per-trial chart as standalone SVG (no JS, no network).
+"""The per-trial chart as standalone SVG (no JS, no network), in the objective's units.
+
+Throughput sessions plot each run's median tps; query-time and latency objectives plot
+each run's level in milliseconds (from its transactions, as the verdict judged it), with
+"lower is better" on the axis.
 
 One function serves the CLI (written next to the exported config) and the
 dashboard (inlined in the page). Each trial is one ``<circle class="trial">``
@@ -19,7 +23,13 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-COLORS = {"keep": "#1a9850", "revert": "#d73027", "failed": "#7b3294", None: "#737373"}
+COLORS = {
+    "keep": "#1a9850",
+    "revert": "#d73027",
+    "rejected": "#b35806",  # a guard stopped it (memory, or a collapse in its first seconds)
+    "failed": "#7b3294",
+    None: "#737373",
+}
 START, BEST = "#2166ac", "#1a9850"  # the final check's two sides
 LABEL_CHARS = 24  # longer knob-path labels are shortened
 _MEMORY = re.compile(r"^(\d+)(kB|MB|GB|TB)$")
@@ -52,7 +62,10 @@ def final_label(session: Mapping[str, Any]) -> str | None:
     words = FINAL_WORDS.get(session.get("gain_status") or "")
     if session.get("gain") is None or words is None:
         return None
-    return f"{session['gain']:+.1%}, {words}"
+    objective = str((session.get("request") or {}).get("objective", "throughput"))
+    # in the chart's own unit: a query time that fell by 20% reads -20.0%
+    gain = -session["gain"] if objective != "throughput" else session["gain"]
+    return f"{gain:+.1%}, {words}"
 
 
 def _label(knob: str | None, value: str | None, role: str) -> str:
@@ -69,7 +82,7 @@ def _label(knob: str | None, value: str | None, role: str) -> str:
 @dataclass(frozen=True)
 class Point:
     index: int
-    median_tps: float | None
+    median_tps: float | None  # the run's value in the chart's unit (tps, or ms for times)
     role: str
     label: str  # e.g. "work_mem=16MB"
     verdict: str | None  # keep, revert, or None (more runs pending / baseline)
@@ -77,12 +90,15 @@ class Point:
     drift: bool = False  # this run moved against its config's previous run beyond the noise
 
 
-def points_of(trials: Iterable[Mapping[str, Any]]) -> list[Point]:
-    """Chart points from trials shaped like GET /api/v1/sessions/{id}/trials (TrialOut)."""
+def points_of(trials: Iterable[Mapping[str, Any]], *, unit: str = "tps") -> list[Point]:
+    """Chart points from trials shaped like GET /api/v1/sessions/{id}/trials (TrialOut).
+
+    ``unit`` "tps": each run's median tps; "ms": its ``level`` (the objective in ms).
+    """
     return [
         Point(
             index=t["index"],
-            median_tps=t["samples"]["median_tps"],
+            median_tps=t["samples"]["median_tps"] if unit == "tps" else t.get("level"),
             role=t["role"],
             label=_label(t["knob"], t["value"], t["role"]),
             verdict=t["verdict"],
@@ -163,16 +179,32 @@ def render_svg(
     final_label: str | None = None,
     width: int = 860,
     height: int = 400,
+    axis: str = "median tps per run",
+    unit: str = "tps",
 ) -> str:
-    """The chart; ``final_label`` says what the final check found (e.g. '+12%, confirmed')."""
+    """The chart; ``final_label`` says what the final check found (e.g. '+12%, confirmed').
+
+    ``axis`` and ``unit`` name the values' unit (e.g. "query time per run (ms), lower is
+    better", "ms"); without a ``baseline`` in that unit, the baseline runs' median is used.
+    """
+    if baseline is None and unit != "tps":
+        base = [p.median_tps for p in points if p.role == "baseline" and p.median_tps]
+        baseline = statistics.median(base) if base else None
     longest = max((len(p.label) for p in points if p.role == "candidate"), default=0)
     label_room = 18 + int(longest * 5.2 * 0.82)  # 9px text rotated 55 degrees
     legend_y = height - 10
     left, right, top = 64, 16, 36
-    bottom = label_room + 26
-    w, h = width - left - right, height - top - bottom
     steps = _incumbent_steps(points)
     outcome = _outcomes(points)
+    final = [p for p in points if p.role.startswith("final-")]
+    legend = _legend(points, outcome, bool(final))
+    sizes = [24 + int(6.2 * len(name)) for name, _ in legend]
+    # two rows when one does not fit the width (the knob labels keep clear of both)
+    split = len(legend)
+    if (90 if steps else 0) + sum(sizes) > width - left - right:
+        split = (len(legend) + 1) // 2
+    bottom = label_room + 26 + (14 if split < len(legend) else 0)
+    w, h = width - left - right, height - top - bottom
     values = [p.median_tps for p in points if p.median_tps is not None]
     values += [v for _, v in steps]
     if baseline is not None:
@@ -204,9 +236,8 @@ def render_svg(
             out.append(f'<text x="{left - 6}" y="{y(t) + 4:.1f}" text-anchor="end">{t:g}</text>')
     out.append(
         f'<text x="14" y="{top + h / 2}" transform="rotate(-90 14 {top + h / 2})" '
-        'text-anchor="middle">median tps per run</text>'
+        f'text-anchor="middle">{escape(axis)}</text>'
     )
-    final = [p for p in points if p.role.startswith("final-")]
     if final:
         x0, x1 = x(final[0].index - 0.5), x(final[-1].index + 0.5)
         out.append(
@@ -231,7 +262,7 @@ def render_svg(
         )
         out.append(
             f'<text x="{left + w - 4}" y="{y(baseline) + 13:.1f}" text-anchor="end" '
-            f'fill="{START}">baseline {baseline:.0f}</text>'
+            f'fill="{START}">baseline {_num(baseline)} {escape(unit)}</text>'
         )
     if steps:
         d = [f"M{x(steps[0][0] - 0.5):.1f},{y(steps[0][1]):.1f}"]
@@ -244,12 +275,14 @@ def render_svg(
     for p in points:
         cy = y(p.median_tps) if p.median_tps is not None else top + h
         tip = f"#{p.index} {p.label}: " + (
-            f"{p.median_tps:.0f} tps" if p.median_tps is not None else "failed"
+            f"{_num(p.median_tps)} {unit}" if p.median_tps is not None else "no measurement"
         )
         if p.verdict:
             tip += f" ({p.verdict})"
         if p.failed:
             paint = f'r="4" fill="{COLORS["failed"]}"'
+        elif outcome.get(p.index) == "rejected" or p.verdict == "rejected":
+            paint = f'r="5" fill="#fff" stroke="{COLORS["rejected"]}" stroke-width="2.5"'
         elif p.role == "final-baseline":
             paint = f'r="4" fill="#fff" stroke="{START}" stroke-width="2"'
         elif p.role == "final-incumbent":
@@ -281,12 +314,45 @@ def render_svg(
                 f'text-anchor="end" transform="rotate(-55 {x(p.index):.1f} {top + h + 14})" '
                 f'font-size="9">{escape(p.label)}</text>'
             )
+    lx = left
+    ly = legend_y - (14 if split < len(legend) else 0)
+    out.append('<g class="legend">')
+    if steps:
+        out.append(
+            f'<line x1="{lx - 6}" x2="{lx + 10}" y1="{ly - 4}" y2="{ly - 4}" '
+            f'stroke="#333" stroke-width="1.5"/><text x="{lx + 14}" y="{ly}">incumbent'
+            "</text>"
+        )
+        lx += 90
+    for i, ((name, paint), size) in enumerate(zip(legend, sizes, strict=True)):
+        if i == split:
+            lx, ly = left, legend_y
+        out.append(
+            f'<circle cx="{lx}" cy="{ly - 4}" {paint}/><text x="{lx + 8}" y="{ly}">{name}</text>'
+        )
+        lx += size
+    out.append("</g>")
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _legend(
+    points: Sequence[Point], outcome: Mapping[int, str | None], final: bool
+) -> list[tuple[str, str]]:
+    """The legend's entries (name, circle paint), only for what the chart shows."""
     legend = [
         ("kept", f'r="4" fill="{COLORS["keep"]}"'),
         ("reverted", f'r="4" fill="{COLORS["revert"]}"'),
         ("baseline / re-measure / pending", f'r="4" fill="{COLORS[None]}"'),
-        ("failed", f'r="4" fill="{COLORS["failed"]}"'),
     ]
+    if any(outcome.get(p.index) == "rejected" or p.verdict == "rejected" for p in points):
+        legend.append(
+            (
+                "rejected by a guard",
+                f'r="4" fill="#fff" stroke="{COLORS["rejected"]}" stroke-width="2.5"',
+            )
+        )
+    legend.append(("failed", f'r="4" fill="{COLORS["failed"]}"'))
     if any(p.drift for p in points):
         legend.append(("load shift (marker on top)", 'r="4" fill="#e08214"'))
     if final:
@@ -294,24 +360,11 @@ def render_svg(
             ("final check: start", f'r="4" fill="#fff" stroke="{START}" stroke-width="2"'),
             ("best", f'r="4" fill="{BEST}"'),
         ]
-    lx = left
-    out.append('<g class="legend">')
-    if steps:
-        out.append(
-            f'<line x1="{lx - 6}" x2="{lx + 10}" y1="{legend_y - 4}" y2="{legend_y - 4}" '
-            f'stroke="#333" stroke-width="1.5"/><text x="{lx + 14}" y="{legend_y}">incumbent'
-            "</text>"
-        )
-        lx += 90
-    for name, paint in legend:
-        out.append(
-            f'<circle cx="{lx}" cy="{legend_y - 4}" {paint}/>'
-            f'<text x="{lx + 8}" y="{legend_y}">{name}</text>'
-        )
-        lx += 24 + int(6.2 * len(name))
-    out.append("</g>")
-    out.append("</svg>")
-    return "\n".join(out)
+    return legend
+
+
+def _num(v: float) -> str:
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
 def render_sweep_svg(

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import hashlib
 import json
 import os
+import re
+import shlex
 import signal
 import sys
 import tempfile
@@ -24,8 +25,10 @@ from typing import Any
 
 import httpx
 
+from app.postgres.cgroups import PROFILES, CgroupUnavailable, Limits, ProfileError, resolve
 from optimizer.render import status_label
 
+CLI_METHOD = "cli"  # the in-process service's method made from --restart-command
 DEMO_SORT_SQL = (
     "\\set a random(1, 100000 * :scale - 60000)\n"
     "SELECT aid FROM (SELECT aid, filler FROM pgbench_accounts "
@@ -76,6 +79,7 @@ def connect(
     database_url: str | None = None,
     work_dir: Path | None = None,
     run_scheduler: bool = True,
+    restart_methods: dict[str, Any] | None = None,
 ) -> Iterator[Api]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     if server:
@@ -97,6 +101,11 @@ def connect(
         overrides["work_dir"] = work_dir
     if not run_scheduler:
         overrides["run_scheduler"] = False  # read-only commands must not start sessions
+    if restart_methods:
+        # The CLI is the operator of its in-process service: it may declare methods (argv,
+        # never a shell), besides those of KNOBTUNE_RESTART_METHODS.
+        base = Settings(**overrides).restart_methods
+        overrides["restart_methods"] = {**base, **restart_methods}
     settings = Settings(**overrides)
     token = token or (settings.api_token.get_secret_value() if settings.api_token else None)
     if token:
@@ -144,8 +153,13 @@ def follow(api: Api, session_id: int) -> dict[str, Any]:
             signal.signal(sig, handler)
 
 
-def _trial_cells(t: dict[str, Any], trials: list[dict[str, Any]]) -> list[str]:
-    gain = f"{t['gain'] * 100:+.1f}%" if t["gain"] is not None else ""
+def _trial_cells(
+    t: dict[str, Any], trials: list[dict[str, Any]], objective: str = "throughput"
+) -> list[str]:
+    from app.sessions.summary import in_units
+
+    # one sign per result, in the objective's units: a query time that fell reads -20%
+    gain = f"{in_units(objective, t['gain']) * 100:+.1f}%" if t["gain"] is not None else ""
     med = t["samples"]["median_tps"]
     verdict = t["verdict"] or ("failed" if t["error"] else "")
     if t["verdict"] in ("keep", "revert") and t["role"] != "candidate":
@@ -163,11 +177,14 @@ def _trial_cells(t: dict[str, Any], trials: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def _progress_line(sess: dict[str, Any]) -> str:
+def _progress_line(sess: dict[str, Any], done: int | None = None) -> str:
+    """ "9/14 trials, ETA 65 s": ``done`` is the trial the line is about (never behind it)."""
     prog = sess["progress"]
+    done = prog["trials_done"] if done is None else done
+    planned = max(prog["trials_planned"] or 0, done) or "?"
     eta = f", ETA {prog['eta_s']:.0f} s" if prog["eta_s"] is not None else ""
     now = f", now {sess['live_tps'][-1]:.0f} tps" if sess["live_tps"] else ""
-    return f"{prog['trials_done']}/{prog['trials_planned'] or '?'} trials{eta}{now}"
+    return f"{done}/{planned} trials{eta}{now}"
 
 
 class _LiveView:
@@ -191,12 +208,14 @@ class _LiveView:
         table = Table(title=f"session {sess['id']}: {sess['status']} - {sess['phase']}")
         for col in ("#", "knob", "value", "median tps", "gain", "verdict"):
             table.add_column(col, justify="right" if col in ("#", "median tps", "gain") else "left")
+        objective = str(sess["request"].get("objective", "throughput"))
         for t in trials[-15:]:
-            table.add_row(*_trial_cells(t, trials))
+            table.add_row(*_trial_cells(t, trials, objective))
         prog = sess["progress"]
-        total = max(prog["trials_planned"] or 1, prog["trials_done"], 1)
-        bar = ProgressBar(total=total, completed=prog["trials_done"], width=40)
-        self.live.update(Group(table, bar, _progress_line(sess)))
+        done = max(prog["trials_done"], len(trials))  # fetched a moment apart
+        total = max(prog["trials_planned"] or 1, done, 1)
+        bar = ProgressBar(total=total, completed=done, width=40)
+        self.live.update(Group(table, bar, _progress_line(sess, done)))
 
 
 class _LineView:
@@ -212,11 +231,12 @@ class _LineView:
         return None
 
     def update(self, sess: dict[str, Any], trials: list[dict[str, Any]]) -> None:
+        objective = str(sess["request"].get("objective", "throughput"))
         for t in trials[self.shown :]:
-            idx, knob, value, med, gain, verdict = _trial_cells(t, trials)
+            idx, knob, value, med, gain, verdict = _trial_cells(t, trials, objective)
             self.console.print(
                 f"trial {idx:>3}  {knob} {value}  {med} tps  {gain}  {verdict}  "
-                f"[{_progress_line(sess)}]",
+                f"[{_progress_line(sess, t['index'])}]",
                 highlight=False,
                 soft_wrap=True,  # one line per trial, whatever the width
             )
@@ -228,19 +248,23 @@ class _LineView:
 
 def write_outputs(api: Api, session_id: int, out: Path) -> tuple[Path, Path]:
     from app.chart import final_label, points_of, render_svg
+    from app.sessions.summary import chart_axis
 
     out.mkdir(parents=True, exist_ok=True)
     conf = out / "postgresql.conf"
     conf.write_text(api.call("GET", f"/api/v1/sessions/{session_id}/config"))
     sess = api.call("GET", f"/api/v1/sessions/{session_id}")
     trials = api.call("GET", f"/api/v1/sessions/{session_id}/trials")
+    axis, unit = chart_axis(str(sess["request"].get("objective", "throughput")))
     chart = out / "knobtune-chart.svg"
     chart.write_text(
         render_svg(
-            points_of(trials),
-            baseline=sess["baseline_tps"],
-            title=f"knobtune session {session_id}: throughput per trial",
+            points_of(trials, unit=unit),
+            baseline=sess["baseline_tps"] if unit == "tps" else None,
+            title=f"knobtune session {session_id}: {axis.split(' (')[0]}",
             final_label=final_label(sess),
+            axis=axis,
+            unit=unit,
         )
     )
     return conf, chart
@@ -252,8 +276,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import app.main  # noqa: F401  (the service's modules, loaded before the freeze below)
     from app.db import upgrade
+    from app.main import secure_startup
     from app.settings import get_settings
 
+    secure_startup(get_settings())  # private files and the key, before the DB is created
     upgrade(get_settings().database_url)
     # What is loaded now (modules, classes, mappers) lives as long as the process. Out of
     # the collector's sight, a full collection no longer stops every thread for ~125 ms
@@ -286,71 +312,94 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def _session_body(args: argparse.Namespace, target_id: int) -> dict[str, Any]:
-    auto = args.clients == "auto"  # a client sweep first, then tune at its knee
-    workload: dict[str, Any] = {
-        "clients": args.clients if auto else int(args.clients),
-        "jobs": args.jobs if auto else min(args.jobs, int(args.clients)),
+    """The session request: only what the user gave; the workload's own defaults fill in
+    the rest (TPC-H's power test is one client, whatever pgbench's default is)."""
+    given = {
+        "clients": args.clients,
+        "jobs": args.jobs,
         "duration_s": args.duration,
         "warmup_s": args.warmup,
         "scale": args.scale,
-        "init": not args.no_init,
-    }
-    optional = {
+        "init": args.init,
         "isolation": args.isolation,
         "max_tries": args.max_tries,
         "mode": args.mode,
         "olap_clients": args.olap_clients,
         "queries": [q.strip() for q in args.queries.split(",")] if args.queries else None,
     }
-    workload.update({k: v for k, v in optional.items() if v is not None})
-    if args.script:
-        workload["scripts"] = [{"sql": Path(f).read_text(), "weight": 1} for f in args.script]
+    workload: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    if isinstance(args.clients, int) and args.jobs is not None and args.jobs > args.clients:
+        workload["jobs"] = args.clients
+    if args.builtin:
         workload["builtin"] = args.builtin
-    else:
-        workload["builtin"] = args.builtin or "tpcb-like"
-    body: dict[str, Any] = {
-        "target_id": target_id,
-        "workload": workload,
+    if args.script:
+        workload["scripts"] = [{"sql": _read_script(f), "weight": 1} for f in args.script]
+    replay = getattr(args, "replay_id", None)
+    if replay is not None:  # a captured workload replayed as the benchmark (issue 28)
+        workload["replay"] = replay
+        if args.speed is not None:
+            workload["speed"] = args.speed
+        if args.replay_database is not None:
+            workload["replay_database"] = args.replay_database
+    body: dict[str, Any] = {"target_id": target_id, "workload": workload}
+    options = {
         "max_trials": args.max_trials,
         "min_gain": args.min_gain,
         "on_finish": args.on_finish,
         "objective": args.objective,
+        "workload_kind": args.workload_kind,
+        "time_budget_s": args.time_budget,
+        "allow_unsafe": args.allow_unsafe or None,
+        "hints": args.hints,
+        "start": args.start,
+        "final_check_runs": args.final_check_runs,
+        "seed": args.seed,
     }
-    if args.workload_kind:
-        body["workload_kind"] = args.workload_kind
+    body.update({k: v for k, v in options.items() if v is not None})
     if args.knobs:
         body["knobs"] = [k.strip() for k in args.knobs.split(",") if k.strip()]
-    if args.time_budget:
-        body["time_budget_s"] = args.time_budget
     return body
+
+
+def _read_script(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read the script {path}: {exc.strerror or exc}") from None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from app.postgres.sandbox import Sandbox
 
     out = Path(args.out).resolve()
+    limits = _profile_limits(args.profile)
     with tempfile.TemporaryDirectory(prefix="knobtune-demo-") as tmp:
         print("creating a sandbox PostgreSQL cluster...", file=sys.stderr)
-        with Sandbox.create() as sandbox:
+        try:
+            made = Sandbox.create(limits=limits)
+        except CgroupUnavailable as exc:
+            raise CliError(f"--profile {args.profile}: {exc}") from None
+        with made as sandbox:
             print(
-                f"sandbox at {sandbox.root} (port {sandbox.port}); removed at the end",
+                f"sandbox at {sandbox.root} (port {sandbox.port}"
+                + (f", profile {limits.describe()}" if limits else "")
+                + "); removed at the end",
                 file=sys.stderr,
             )
             db_url = f"sqlite:///{tmp}/knobtune.db"
-            with connect(None, None, database_url=db_url, work_dir=Path(tmp)) as api:
+            methods = {"demo": sandbox.restart_method.model_dump(by_alias=True)}
+            with connect(
+                None, None, database_url=db_url, work_dir=Path(tmp), restart_methods=methods
+            ) as api:
                 target = api.call(
                     "POST",
                     "/api/v1/targets",
-                    json={
-                        "name": "demo",
-                        "dsn": sandbox.dsn,
-                        "restart_command": sandbox.restart_command,
-                        "data_dir": str(sandbox.data_dir),
-                    },
+                    json={"name": "demo", "dsn": sandbox.dsn, "restart_method": "demo"},
                 )
                 workload: dict[str, Any] = {
                     "builtin": None,
                     "scripts": [{"sql": DEMO_SORT_SQL, "weight": 1}],
+                    "init": True,  # the script sorts pgbench's accounts
                     "scale": args.scale,
                     "clients": args.clients,
                     "jobs": min(2, args.clients),
@@ -375,24 +424,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 return _report(api, final, out)
 
 
+def _profile_limits(name: str | None) -> Limits | None:
+    """The limits of a named hardware profile (None: no profile)."""
+    if name is None:
+        return None
+    try:
+        return resolve(profile=name)
+    except ProfileError as exc:  # e.g. more memory than this host has
+        raise CliError(f"--profile {name}: {exc}") from None
+
+
 def _report(api: Api, final: dict[str, Any], out: Path) -> int:
+    """The end of a tune or demo: the result in plain words, the files written."""
     if final["status"] == "cancelled":
         print("cancelled: the target was restored", file=sys.stderr)
         return 130
     if final["status"] == "failed":
         raise CliError(f"session failed: {final['error']}")
     conf, chart = write_outputs(api, final["id"], out)
-    gain, label = final["gain"], status_label(final.get("gain_status"))
-    ci = final.get("gain_ci")
-    sure = f"95% CI {ci[0]:+.1%}..{ci[1]:+.1%}, " if ci else ""
-    print(
-        f"baseline {final['baseline_tps']:.1f} tps -> best {final['best_tps']:.1f} tps "
-        f"({gain * 100:+.1f}%; {sure}{label or 'not checked'})"
-        if gain is not None
-        else "no measured gain"
-    )
-    if final.get("gain_text"):
-        print(f"objective: {final['gain_text']}")
+    for line in result_lines(final):
+        print(line)
     for line in evidence_lines(final):
         print(line)
     print(f"recommended config: {conf}")
@@ -400,9 +451,36 @@ def _report(api: Api, final: dict[str, Any], out: Path) -> int:
     return 0
 
 
+def result_lines(sess: dict[str, Any]) -> list[str]:
+    """What was found (one figure in the objective's units), how sure, what to do next."""
+    from app.sessions.summary import changed_knobs
+
+    lines = [
+        f"session {sess['id']} on {sess.get('target_name') or sess['target_id']}: "
+        f"{sess['status']} ({sess['phase']})"
+    ]
+    label = status_label(sess.get("gain_status"))
+    if sess.get("headline"):
+        lines.append(f"result: {sess['headline']}{', ' + label if label else ''}")
+    elif label:
+        lines.append(f"result: {label}")
+    objective = str(sess["request"].get("objective", "throughput"))
+    if objective == "throughput" and sess.get("baseline_tps") and sess.get("best_tps"):
+        lines.append(
+            f"throughput: {sess['baseline_tps']:.1f} tps at the start, {sess['best_tps']:.1f} "
+            "tps with the recommendation (medians of the runs that decided it)"
+        )
+    changes = changed_knobs(sess.get("start_config"), sess.get("best_config"))
+    if changes and sess.get("gain_status") not in ("none", "no-change"):
+        lines.append(f"recommended: {changes}")
+    if sess.get("summary"):
+        lines.append(sess["summary"])
+    return lines
+
+
 def evidence_lines(final: dict[str, Any]) -> list[str]:
     """Per stream (start and best) and per label (best vs start) tables for the summary."""
-    from app.service import label_line, stream_line
+    from app.sessions.export import label_line, stream_line
 
     lines: list[str] = []
     streams = final.get("per_stream") or []
@@ -422,12 +500,47 @@ def evidence_lines(final: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _cli_restart(args: argparse.Namespace) -> dict[str, Any] | None:
+    """--restart-command: a method of the in-process service, run as argv (no shell)."""
+    command = getattr(args, "restart_command", None)
+    if not command:
+        return None
+    if args.server:
+        raise CliError(
+            "--restart-command configures the in-process service only; a running service "
+            "restarts targets with the methods its operator configured "
+            "(KNOBTUNE_RESTART_METHODS): give --restart-method NAME"
+        )
+    if args.restart_method:
+        raise CliError("give --restart-command or --restart-method, not both")
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise CliError(f"--restart-command: {exc}") from None
+    if not argv:
+        raise CliError("--restart-command is empty")
+    args.restart_method = CLI_METHOD
+    return {CLI_METHOD: {"kind": "command", "argv": argv}}
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
+    if (args.target is None) == (args.dsn is None):
+        raise CliError("give --target NAME (a registered target) or --dsn DSN, one of them")
     url = args.database_url
-    with connect(args.server, args.token, database_url=url) as api:
-        target = _find_or_create_target(api, args)
+    if args.target is not None and not args.server:
+        url = _existing_metadata_db(args, f"no target {args.target!r}: ")
+    methods = _cli_restart(args)
+    with connect(args.server, args.token, database_url=url, restart_methods=methods) as api:
+        if args.target is not None:
+            target = find_target(api, args.target)
+        else:
+            target = _find_or_create_target(api, args)
+        if args.replay is not None:
+            args.replay_id = find_capture(api, args.replay)["id"]
+        elif args.speed is not None or args.replay_database is not None:
+            raise CliError("--speed and --replay-database go with --replay CAPTURE")
         sess = api.call("POST", "/api/v1/sessions", json=_session_body(args, target["id"]))
-        print(f"session {sess['id']} started", file=sys.stderr)
+        print(f"session {sess['id']} started on {target['name']}", file=sys.stderr)
         if args.server and not args.follow:
             print(sess["id"])
             return 0
@@ -435,23 +548,65 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return _report(api, final, Path(args.out).resolve())
 
 
+def target_name_for(dsn: str) -> str:
+    """A readable target name from a DSN: host-port-dbname ("db5.example.com-5432-shop")."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = conninfo_to_dict(dsn)
+    except Exception:
+        params = {}
+    host = str(params.get("host") or params.get("hostaddr") or "local")
+    if host.startswith("/"):
+        host = "local"  # a unix socket directory says nothing to a reader
+    parts = [host, str(params.get("port") or ""), str(params.get("dbname") or "")]
+    name = "-".join(p for p in parts if p)
+    return re.sub(r"[^A-Za-z0-9_.\- ]+", "_", name)[:180] or "target"
+
+
 def _find_or_create_target(api: Api, args: argparse.Namespace) -> dict[str, Any]:
-    # A stable name (hash() is salted per process), so a second `tune` of the same server
-    # finds its target, and with it the one-session-per-target guard.
-    name = args.name or f"target-{hashlib.sha256(args.dsn.encode()).hexdigest()[:8]}"
-    for t in api.call("GET", "/api/v1/targets"):
-        if t["name"] == name:
+    """The target registered for ``args.dsn`` (found by its masked DSN), else a new one."""
+    from app.postgres.dsn import mask_dsn
+
+    targets = api.call("GET", "/api/v1/targets")
+    if args.name:
+        for t in targets:
+            if t["name"] == args.name:
+                return dict(t)
+    shown = mask_dsn(args.dsn)
+    for t in targets:
+        if t["dsn"] == shown:  # a second `tune` of the same server finds its target
             return dict(t)
-    body: dict[str, Any] = {"name": name, "dsn": args.dsn, "restart_command": args.restart_command}
-    if args.ram_bytes:
-        body["ram_bytes"] = args.ram_bytes
+    name = args.name or target_name_for(args.dsn)
+    taken = {t["name"] for t in targets}
+    base, n = name, 2
+    while name in taken:
+        name, n = f"{base}-{n}", n + 1
+    body: dict[str, Any] = {"name": name, "dsn": args.dsn}
+    if getattr(args, "restart_method", None):
+        body["restart_method"] = args.restart_method
+    if args.ram_gib:
+        body["ram_bytes"] = int(args.ram_gib * 2**30)
     if args.cpus:
         body["cpus"] = args.cpus
     return dict(api.call("POST", "/api/v1/targets", json=body))
 
 
+def find_target(api: Api, ref: str) -> dict[str, Any]:
+    """A registered target by name (or id)."""
+    targets = api.call("GET", "/api/v1/targets")
+    for t in targets:
+        if t["name"] == ref or (ref.isdigit() and t["id"] == int(ref)):
+            return dict(t)
+    names = ", ".join(t["name"] for t in targets) or "none registered yet"
+    raise CliError(
+        f"no target {ref!r} (targets: {names}); register it with "
+        "'knobtune targets add NAME --dsn DSN'"
+    )
+
+
 def _existing_metadata_db(args: argparse.Namespace, missing: str = "") -> str:
-    """The in-process metadata DB a read-only command looks at; it must exist already.
+    """The in-process metadata DB a command reads; it must exist already.
 
     Says which DB it is (a bare listing from the wrong directory looked empty) and never
     creates one: SQLite would silently make a new, empty file.
@@ -475,31 +630,395 @@ def _existing_metadata_db(args: argparse.Namespace, missing: str = "") -> str:
     return url
 
 
-def cmd_sessions(args: argparse.Namespace) -> int:
-    url = None if args.server else _existing_metadata_db(args)
+@contextlib.contextmanager
+def reader(args: argparse.Namespace, missing: str = "") -> Iterator[Api]:
+    """The API for a command that needs an existing metadata DB and runs no session."""
+    url = None if args.server else _existing_metadata_db(args, missing)
     with connect(args.server, args.token, database_url=url, run_scheduler=False) as api:
+        yield api
+
+
+def _result_cell(s: dict[str, Any]) -> str:
+    """ "throughput +12.0% confirmed", "no change recommended", "-" (running)."""
+    from app.sessions.summary import headline
+
+    status = s.get("gain_status")
+    if status in ("none", "no-change"):
+        return "no change recommended"
+    head = headline(str(s["request"].get("objective", "throughput")), s.get("gain"))
+    if head is None:
+        return "-"
+    label = {"confirmed": "confirmed", "not-credible": "not credible"}.get(status or "", "")
+    return f"{head} {label or (status or '').upper()}".strip()
+
+
+def cmd_sessions(args: argparse.Namespace) -> int:
+    with reader(args) as api:
         rows = api.call("GET", "/api/v1/sessions", params={"limit": args.limit})
     if not rows:
         where = args.server or "this metadata DB"
         print(
-            f"no sessions in {where}; start one with 'knobtune tune --dsn ...' or "
+            f"no sessions in {where}; start one with 'knobtune tune --target NAME' or "
             "POST /api/v1/sessions",
             file=sys.stderr,
         )
+        return 0
+    width = max(6, *(len(s.get("target_name") or str(s["target_id"])) for s in rows))
+    print(f"{'id':>5}  {'target':<{width}}  {'status':<10} {'result':<40} phase")
     for s in rows:
-        gain = f"{s['gain'] * 100:+.1f}%" if s["gain"] is not None else "-"
-        if s.get("gain_status") == "unconfirmed":
-            gain += " (UNCONFIRMED)"
-        status, target = s["status"], s["target_id"]
-        print(f"{s['id']:>5}  {status:<10} target {target:<4} gain {gain:>7}  {s['phase']}")
+        target = s.get("target_name") or str(s["target_id"])
+        print(
+            f"{s['id']:>5}  {target:<{width}}  {s['status']:<10} {_result_cell(s):<40} {s['phase']}"
+        )
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from app.sessions.summary import note_kind
+
+    with reader(args, f"no session {args.id}: ") as api:
+        sess = api.call("GET", f"/api/v1/sessions/{args.id}")
+        applies = api.call("GET", f"/api/v1/sessions/{args.id}/applies")
+    prog = sess["progress"]
+    planned = prog["trials_planned"]
+    lines = result_lines(sess)
+    done = f"{prog['trials_done']}" + (f" of ~{planned}" if planned else "")
+    elapsed = f", {prog['elapsed_s']:.0f} s" if prog["elapsed_s"] is not None else ""
+    eta = f", about {prog['eta_s']:.0f} s left" if prog["eta_s"] is not None else ""
+    lines.insert(1, f"progress: {done} trials{elapsed}{eta}")
+    if sess.get("error"):
+        lines.append(f"error: {sess['error']}")
+    notes = [n for n in sess.get("notes") or [] if note_kind(str(n)) == "note"]
+    warnings = [n for n in sess.get("notes") or [] if note_kind(str(n)) == "warning"]
+    lines += [f"note: {n}" for n in notes] + [f"WARNING: {w}" for w in warnings]
+    for ap in applies:
+        lines.append(f"apply #{ap['id']} to {ap['target_name']}: {ap['message']}")
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with reader(args, f"no session {args.id}: ") as api:
+        sess = api.call("POST", f"/api/v1/sessions/{args.id}/cancel")
+    if sess["status"] == "cancelled":
+        print(f"session {args.id} cancelled before it started: nothing to restore")
+    else:
+        print(
+            f"session {args.id}: cancelling; the benchmark stops and the target is restored "
+            f"(follow with: knobtune status {args.id})"
+        )
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    url = None if args.server else _existing_metadata_db(args, f"no session {args.id}: ")
-    with connect(args.server, args.token, database_url=url, run_scheduler=False) as api:
+    with reader(args, f"no session {args.id}: ") as api:
         text = api.call("GET", f"/api/v1/sessions/{args.id}/config", params={"format": args.format})
     sys.stdout.write(text if isinstance(text, str) else json.dumps(text, indent=2))
+    return 0
+
+
+def _print_apply(res: dict[str, Any]) -> None:
+    rows = res["changes"]
+    if rows:
+        width = max(4, *(len(c["knob"]) for c in rows))
+        print(f"  {'knob':<{width}}  {'now':>12}     {'new':<12} note")
+        for c in rows:
+            note = "needs a restart" if c["needs_restart"] and c["changes"] else ""
+            if not c["changes"]:
+                note = "already so"
+            print(f"  {c['knob']:<{width}}  {c['current'] or '?':>12}  -> {c['new']:<12} {note}")
+    for k, (a, b) in (res.get("changed_since") or {}).items():
+        print(f"  changed since the apply: {k}: {a} -> {b}")
+    for v in res.get("verified") or []:
+        state = "ok" if v["ok"] else "PENDING RESTART" if v["pending_restart"] else "NOT APPLIED"
+        print(f"  pg_settings: {v['knob']} = {v['effective']} ({state})")
+    for w in res.get("warnings") or []:
+        print(f"  warning: {w}")
+    print(res["message"])
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    body = {"dry_run": args.dry_run, "restart": args.restart, "force": args.force}
+    with reader(args, f"no session {args.id}: ") as api:
+        res = api.call("POST", f"/api/v1/sessions/{args.id}/apply", json=body)
+    _print_apply(res)
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    body = {"dry_run": args.dry_run, "confirm": args.yes}
+    with reader(args, f"no session {args.id}: ") as api:
+        res = api.call("POST", f"/api/v1/sessions/{args.id}/rollback", json=body)
+    _print_apply(res)
+    return 0
+
+
+def cmd_targets(args: argparse.Namespace) -> int:
+    with reader(args) as api:
+        targets = api.call("GET", "/api/v1/targets")
+    if not targets:
+        print(
+            "no targets; register one with 'knobtune targets add NAME --dsn DSN'", file=sys.stderr
+        )
+        return 0
+    width = max(4, *(len(t["name"]) for t in targets))
+    print(f"{'name':<{width}}  {'server':<16} {'state':<14} connection")
+    for t in targets:
+        version = " ".join((t["server_version"] or "?").split(" ")[:2])
+        state = f"busy: session {t['busy_session_id']}" if t["busy_session_id"] else "idle"
+        print(f"{t['name']:<{width}}  {version:<16} {state:<14} {t['dsn']}")
+    return 0
+
+
+def cmd_targets_add(args: argparse.Namespace) -> int:
+    if args.profile is not None:
+        args.sandbox = True
+    if bool(args.dsn) == bool(args.sandbox):
+        raise CliError("give --dsn DSN (a server of yours) or --sandbox (a new local one)")
+    body: dict[str, Any] = {"name": args.name}
+    if args.dsn:
+        body["dsn"] = args.dsn
+    else:
+        body["sandbox"] = {"profile": args.profile} if args.profile else True
+    methods = _cli_restart(args)
+    if args.restart_method:
+        body["restart_method"] = args.restart_method
+    if args.data_dir:
+        body["data_dir"] = args.data_dir
+    if args.ram_gib:
+        body["ram_bytes"] = int(args.ram_gib * 2**30)
+    if args.cpus:
+        body["cpus"] = args.cpus
+    with connect(
+        args.server,
+        args.token,
+        database_url=args.database_url,
+        run_scheduler=False,
+        restart_methods=methods,
+    ) as api:
+        t = api.call("POST", "/api/v1/targets", json=body)
+    version = " ".join((t["server_version"] or "?").split(" ")[:2])
+    restart = (
+        f"restarts with method {t['restart_method']!r}"
+        if t["restart_method"]
+        else "no restart method: knobs that need a restart are skipped"
+    )
+    print(f"target {t['name']} registered: {version}, {t['dsn']}; {restart}")
+    if t.get("hardware_note"):
+        print(f"memory and CPUs: {t['hardware_note']}")
+    return 0
+
+
+def cmd_targets_remove(args: argparse.Namespace) -> int:
+    history = "keep" if args.keep_history else "drop" if args.drop_history else None
+    with reader(args) as api:
+        t = find_target(api, args.name)
+        params = {"history": history} if history else {}
+        api.call("DELETE", f"/api/v1/targets/{t['id']}", params=params)
+    kept = " (its sessions stay listed)" if history == "keep" else ""
+    print(f"target {t['name']} removed{kept}")
+    return 0
+
+
+# -- captures (issue 28) ---------------------------------------------------------------
+def find_capture(api: Api, ref: str) -> dict[str, Any]:
+    """A capture by name (or id)."""
+    captures = api.call("GET", "/api/v1/captures", params={"limit": 1000})
+    for c in captures:
+        if c["name"] == ref:
+            return dict(c)
+    for c in captures:
+        if ref.isdigit() and c["id"] == int(ref):
+            return dict(c)
+    names = ", ".join(c["name"] for c in captures[:10]) or "none yet"
+    raise CliError(f"no capture {ref!r} (captures: {names}); list them with 'knobtune captures'")
+
+
+def capture_name_for(target: str) -> str:
+    """A default capture name: the target's name and the time (a letter first)."""
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "-", target).strip("-.") or "capture"
+    if not base[0].isalpha():
+        base = f"capture-{base}"
+    return f"{base[:80]}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _capture_lines(c: dict[str, Any]) -> list[str]:
+    size = f"{c['raw_bytes'] / 1e6:.1f} MB of log" if c["raw_bytes"] is not None else "no log"
+    where = f"target {c['target_name'] or c['target_id']}" if c["source"] == "live" else "import"
+    lines = [
+        f"capture {c['id']} {c['name']!r} ({where}, database {c['database']}): {c['status']}"
+        + (f", {size}" if c["status"] not in ("queued", "running") else f" ({c['phase']})"),
+    ]
+    if c["error"]:
+        lines.append(f"error: {c['error']}")
+    lines += [f"note: {n}" for n in c["notes"]]
+    if c["summary"]:
+        lines.append(c["summary_text"])
+    return lines
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    """Log every statement of a target for a while, then put its settings back."""
+    url = args.database_url
+    if not args.server:
+        url = _existing_metadata_db(args, f"no target {args.target!r}: ")
+    with connect(args.server, args.token, database_url=url) as api:
+        target = find_target(api, args.target)
+        body: dict[str, Any] = {
+            "target_id": target["id"],
+            "name": args.name or capture_name_for(target["name"]),
+            "seconds": round(args.minutes * 60),
+        }
+        if args.database:
+            body["database"] = args.database
+        cap = api.call("POST", "/api/v1/captures", json=body)
+        print(
+            f"capture {cap['id']} {cap['name']!r} started on {target['name']} (database "
+            f"{cap['database']}): every statement is logged for {body['seconds']} s; "
+            "Ctrl-C stops it early and restores the settings",
+            file=sys.stderr,
+        )
+        cap = _follow_capture(api, int(cap["id"]))
+    for line in _capture_lines(cap):
+        print(line)
+    if cap["status"] == "failed":
+        raise CliError(f"capture failed: {cap['error']}")
+    if cap["status"] == "cancelled":
+        print(
+            "cancelled: the logging settings were restored; the capture keeps the statements "
+            "logged until then",
+            file=sys.stderr,
+        )
+        return 130
+    return 0
+
+
+def _follow_capture(api: Api, capture_id: int) -> dict[str, Any]:
+    """Poll until the capture ends; Ctrl-C or SIGTERM cancel it (its settings are restored)."""
+    return _follow_job(
+        api,
+        f"/api/v1/captures/{capture_id}",
+        "interrupted: cancelling the capture; restoring the settings",
+    )
+
+
+def _follow_job(api: Api, path: str, on_interrupt: str) -> dict[str, Any]:
+    """Poll the background job at ``path`` (a capture, a sweep) until it ends, printing its
+    phase as it changes; Ctrl-C or SIGTERM post ``path``/cancel once, saying
+    ``on_interrupt``, and the loop goes on until the job has ended."""
+    interrupted = False
+
+    def on_sigint(_sig: int, _frame: Any) -> None:
+        nonlocal interrupted
+        interrupted = True
+
+    old = {sig: signal.signal(sig, on_sigint) for sig in (signal.SIGINT, signal.SIGTERM)}
+    sent, last = False, ""
+    try:
+        while True:
+            if interrupted and not sent:
+                print(on_interrupt, file=sys.stderr)
+                with contextlib.suppress(CliError):
+                    api.call("POST", f"{path}/cancel")
+                sent = True
+            job: dict[str, Any] = api.call("GET", path)
+            if job["phase"] != last:
+                print(f"  {job['phase']}", file=sys.stderr)
+                last = job["phase"]
+            if job["status"] in ("succeeded", "failed", "cancelled"):
+                return job
+            time.sleep(1.0)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def cmd_captures(args: argparse.Namespace) -> int:
+    with reader(args) as api:
+        rows = api.call("GET", "/api/v1/captures", params={"limit": args.limit})
+    if not rows:
+        print(
+            "no captures; start one with 'knobtune capture --target NAME --minutes N', or "
+            "import a log with 'knobtune captures import FILE --name NAME'",
+            file=sys.stderr,
+        )
+        return 0
+    width = max(4, *(len(c["name"]) for c in rows))
+    print(
+        f"{'id':>4}  {'name':<{width}}  {'source':<12} {'database':<12} {'status':<10} "
+        f"{'statements':>10} {'log MB':>7}"
+    )
+    for c in rows:
+        source = c["target_name"] or ("import" if c["source"] == "import" else "-")
+        stmts = f"{c['summary']['statements']:,}" if (c["summary"] or {}).get("statements") else "-"
+        mb = f"{c['raw_bytes'] / 1e6:.1f}" if c["raw_bytes"] is not None else "-"
+        print(
+            f"{c['id']:>4}  {c['name']:<{width}}  {source:<12} {c['database']:<12} "
+            f"{c['status']:<10} {stmts:>10} {mb:>7}"
+        )
+    return 0
+
+
+def cmd_captures_show(args: argparse.Namespace) -> int:
+    with reader(args, f"no capture {args.id}: ") as api:
+        cap = find_capture(api, args.id)
+    for line in _capture_lines(cap):
+        print(line)
+    return 0
+
+
+def cmd_captures_delete(args: argparse.Namespace) -> int:
+    with reader(args, f"no capture {args.id}: ") as api:
+        cap = find_capture(api, args.id)
+        api.call("DELETE", f"/api/v1/captures/{cap['id']}")
+    print(f"capture {cap['id']} {cap['name']!r} deleted, its log file with it")
+    return 0
+
+
+def cmd_captures_import(args: argparse.Namespace) -> int:
+    """Upload a server log the user captured: read here, on the client, never by the service."""
+    import gzip
+
+    try:
+        data = Path(args.file).read_bytes()
+    except OSError as exc:
+        raise CliError(f"cannot read {args.file}: {exc.strerror or exc}") from None
+    if data[:2] != b"\x1f\x8b":
+        data = gzip.compress(data, compresslevel=6)  # a smaller upload; the service gunzips
+    params = {"name": args.name}
+    if args.database:
+        params["database"] = args.database
+    with connect(
+        args.server, args.token, database_url=args.database_url, run_scheduler=False
+    ) as api:
+        cap = api.call(
+            "POST",
+            "/api/v1/captures/import",
+            params=params,
+            content=data,
+            headers={"Content-Type": "application/gzip"},
+            timeout=600,
+        )
+    for line in _capture_lines(cap):
+        print(line)
+    return 0
+
+
+def cmd_captures_download(args: argparse.Namespace) -> int:
+    """The captured log itself (the statements with their values), gzip-compressed."""
+    with reader(args, f"no capture {args.id}: ") as api:
+        cap = find_capture(api, args.id)
+        try:
+            r = api.client.get(f"/api/v1/captures/{cap['id']}/log")
+        except httpx.HTTPError as exc:
+            raise CliError(f"cannot reach the knobtune service: {exc}") from exc
+    if r.status_code >= 400:
+        raise CliError(_detail(r))
+    out = Path(args.out or f"capture-{cap['id']}.log.gz")
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds user data
+    with os.fdopen(fd, "wb") as f:
+        f.write(r.content)
+    print(f"capture {cap['id']}'s log written to {out} (gzip, mode 0600: it holds the data)")
     return 0
 
 
@@ -510,12 +1029,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {
         "builtin": args.builtin,
         "scale": args.scale,
-        "init": not args.no_init,
+        "init": args.init,
         "duration_s": args.duration,
         "warmup_s": args.warmup,
         "repeats": args.repeats,
         "jobs": args.jobs,
-        "connect_cost": not args.no_connect_cost,
+        "connect_cost": args.connect_cost,
     }
     if args.clients:
         try:
@@ -526,12 +1045,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             ) from None
     with connect(args.server, args.token, database_url=args.database_url) as api:
         if args.target is not None:
-            tid = int(args.target)
+            target = find_target(api, args.target)
         else:
-            args.restart_command = None
-            tid = int(_find_or_create_target(api, args)["id"])
+            target = _find_or_create_target(api, args)
+        tid = int(target["id"])
         sw = api.call("POST", f"/api/v1/targets/{tid}/sweeps", json=body)
-        print(f"sweep {sw['id']} started on target {tid}", file=sys.stderr)
+        print(f"sweep {sw['id']} started on {target['name']}", file=sys.stderr)
         sw = _follow_sweep(api, int(sw["id"]))
         if sw["status"] == "failed":
             raise CliError(f"sweep failed: {sw['error']}")
@@ -561,31 +1080,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _follow_sweep(api: Api, sweep_id: int) -> dict[str, Any]:
     """Poll until the sweep ends; Ctrl-C or SIGTERM cancel it (nothing to restore)."""
-    interrupted = False
-
-    def on_sigint(_sig: int, _frame: Any) -> None:
-        nonlocal interrupted
-        interrupted = True
-
-    old = {sig: signal.signal(sig, on_sigint) for sig in (signal.SIGINT, signal.SIGTERM)}
-    sent, last = False, ""
-    try:
-        while True:
-            if interrupted and not sent:
-                print("interrupted: cancelling the sweep", file=sys.stderr)
-                with contextlib.suppress(CliError):
-                    api.call("POST", f"/api/v1/sweeps/{sweep_id}/cancel")
-                sent = True
-            sw: dict[str, Any] = api.call("GET", f"/api/v1/sweeps/{sweep_id}")
-            if sw["phase"] != last:
-                print(f"  {sw['phase']}", file=sys.stderr)
-                last = sw["phase"]
-            if sw["status"] in ("succeeded", "failed", "cancelled"):
-                return sw
-            time.sleep(1.0)
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    return _follow_job(api, f"/api/v1/sweeps/{sweep_id}", "interrupted: cancelling the sweep")
 
 
 def _fail(exc: BaseException) -> None:
@@ -602,130 +1097,591 @@ def _clients_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"a number or 'auto', not {text!r}") from None
 
 
+class _Help(argparse.HelpFormatter):
+    """Each option's default after its help text, unless there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            "%(default)" in text
+            or "default" in text
+            or not action.option_strings
+            or action.default in (None, False, argparse.SUPPRESS)
+            or isinstance(action, argparse.BooleanOptionalAction)
+        ):
+            return text
+        return text + " (default: %(default)s)"
+
+
+def _duration(text: str) -> float:
+    """Seconds from "900", "900s", "15m", "2h"."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|min|h)?\s*", text)
+    if m is None:
+        raise argparse.ArgumentTypeError(f"a duration like 900, 15m or 2h, not {text!r}")
+    return float(m.group(1)) * {None: 1, "s": 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="knobtune", description="Tune PostgreSQL knobs by noise-aware coordinate descent."
+        prog="knobtune",
+        description="Tune PostgreSQL knobs by noise-aware coordinate descent. "
+        "The flow: targets add, tune, status, apply (and rollback).",
+        formatter_class=_Help,
     )
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    s = sub.add_parser("serve", help="run the REST service (upgrades the metadata DB first)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--workers", type=int, default=1)
-    s.add_argument("--log-level", default="info")
-    s.set_defaults(func=cmd_serve)
-
-    s = sub.add_parser("db", help="migrate the metadata DB (KNOBTUNE_DATABASE_URL)")
-    s.add_argument("action", choices=["upgrade", "downgrade"])
-    s.add_argument("revision", nargs="?")
-    s.set_defaults(func=cmd_db)
-
-    s = sub.add_parser("demo", help="tune a throw-away sandbox cluster and write the results here")
-    s.add_argument("--out", default=".", help="where postgresql.conf and the chart go (default: .)")
-    s.add_argument("--knobs", default="work_mem", help="comma-separated knobs (default: work_mem)")
-    s.add_argument("--duration", type=int, default=12, help="seconds per benchmark run")
-    s.add_argument("--warmup", type=int, default=2)
-    s.add_argument("--clients", type=int, default=4)
-    s.add_argument("--scale", type=int, default=10)
-    s.add_argument("--max-trials", type=int, default=14)
-    s.add_argument("--seed", type=int, default=1)
-    s.set_defaults(func=cmd_demo)
+    def command(name: str, text: str, func: Any) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=text, description=text, formatter_class=_Help)
+        sp.set_defaults(func=func)
+        return sp
 
     def remote(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--server", help="URL of a running knobtune service (default: in-process)")
-        sp.add_argument("--token", default=os.environ.get("KNOBTUNE_API_TOKEN"))
         sp.add_argument(
-            "--database-url", help="in-process: metadata DB (default KNOBTUNE_DATABASE_URL)"
+            "--server",
+            metavar="URL",
+            help="a running knobtune service, e.g. http://127.0.0.1:8000 (default: run "
+            "in-process on the metadata DB of the current directory)",
+        )
+        sp.add_argument(
+            "--token",
+            default=os.environ.get("KNOBTUNE_API_TOKEN"),
+            help="the service's API token (default: $KNOBTUNE_API_TOKEN)",
+        )
+        sp.add_argument(
+            "--database-url",
+            metavar="URL",
+            help="in-process: the metadata DB (default: $KNOBTUNE_DATABASE_URL, else "
+            "sqlite:///knobtune.db in the current directory)",
         )
 
-    s = sub.add_parser("tune", help="tune a real server")
-    s.add_argument(
-        "--dsn", required=True, help="libpq DSN of the target (superuser or ALTER SYSTEM rights)"
+    def server_facts(sp: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+        sp.add_argument(
+            "--ram-gib",
+            type=float,
+            metavar="GIB",
+            help="the server's memory in GiB; needed when it is on another host (default: "
+            "read from this host, or less where the server's cgroup limits it)",
+        )
+        sp.add_argument(
+            "--cpus",
+            type=int,
+            metavar="N",
+            help="the server's CPUs; needed when it is on another host (default: this host's)",
+        )
+
+    def profile_option(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--profile",
+            choices=list(PROFILES),
+            help="a new sandbox's hardware profile (a cgroup caps its memory, disk and "
+            "CPUs like a small server's; docs/profiles.md): "
+            + "; ".join(f"{n}: {p.limits.figures()}" for n, p in PROFILES.items()),
+        )
+
+    s = command(
+        "serve", "run the REST service and dashboard (upgrades the metadata DB first)", cmd_serve
     )
-    s.add_argument("--name", help="target name (default: derived from the DSN)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    s.add_argument("--port", type=int, default=8000, help="TCP port")
+    s.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    s.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's log level",
+    )
+
+    s = command("db", "migrate the metadata DB ($KNOBTUNE_DATABASE_URL)", cmd_db)
+    s.add_argument("action", choices=["upgrade", "downgrade"], help="direction")
+    s.add_argument(
+        "revision", nargs="?", help="Alembic revision (default: head to upgrade, base to downgrade)"
+    )
+
+    s = command("demo", "tune a throw-away sandbox cluster and write the results here", cmd_demo)
+    s.add_argument(
+        "--out", default=".", metavar="DIR", help="where postgresql.conf and the chart go"
+    )
+    s.add_argument("--knobs", default="work_mem", help="comma-separated knobs to tune")
+    s.add_argument(
+        "--duration",
+        type=int,
+        default=12,
+        metavar="SECONDS",
+        help="length of one benchmark run in seconds, warm-up included",
+    )
+    s.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        metavar="SECONDS",
+        help="seconds at the start of each run that are not measured",
+    )
+    s.add_argument("--clients", type=int, default=4, help="pgbench clients")
+    s.add_argument("--scale", type=int, default=10, help="pgbench scale (100,000 accounts each)")
+    s.add_argument(
+        "--max-trials",
+        type=int,
+        default=14,
+        metavar="N",
+        help="benchmark runs in all, final check included",
+    )
+    s.add_argument("--seed", type=int, default=1, help="random seed of the search")
+    profile_option(s)
+
+    # -- targets
+    t = command("targets", "list, add or remove the servers knobtune may tune", cmd_targets)
+    # `knobtune targets` alone lists them; the options belong to each action
+    t.set_defaults(server=None, token=os.environ.get("KNOBTUNE_API_TOKEN"), database_url=None)
+    tsub = t.add_subparsers(dest="action", metavar="ACTION")
+    s = tsub.add_parser("list", help="list the registered targets", formatter_class=_Help)
+    s.set_defaults(func=cmd_targets)
+    remote(s)
+    s = tsub.add_parser(
+        "add",
+        help="register a server: knobtune checks it can connect and run ALTER SYSTEM",
+        formatter_class=_Help,
+    )
+    s.set_defaults(func=cmd_targets_add)
+    s.add_argument("name", help="a name to refer to it by (letters, digits, - _ . and spaces)")
+    s.add_argument(
+        "--dsn",
+        help="libpq connection string or URI of a superuser (or a user granted "
+        "ALTER SYSTEM on the knobs)",
+    )
+    s.add_argument(
+        "--sandbox",
+        action="store_true",
+        help="instead of --dsn: a new local cluster managed by the service",
+    )
+    profile_option(s)
+    s.add_argument(
+        "--restart-method",
+        help="name of a restart method configured on the service (KNOBTUNE_RESTART_METHODS); "
+        "else knobs that need a restart are skipped",
+    )
     s.add_argument(
         "--restart-command",
-        help="shell command that restarts the target (else restart knobs are skipped)",
-    )
-    s.add_argument("--ram-bytes", type=int)
-    s.add_argument("--cpus", type=int)
-    s.add_argument(
-        "--knobs", help="comma-separated knobs (default: the catalogue's set for the workload)"
+        metavar="CMD",
+        help="in-process only: how this host restarts the server, run as argv without a "
+        "shell (e.g. 'sudo -n systemctl restart postgresql'); a --server restarts with the "
+        "methods its operator configured: give --restart-method",
     )
     s.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="the server's data directory when it is on this host (checks a "
+        "config with 'postgres -C' before a restart)",
+    )
+    server_facts(s)
+    remote(s)
+    s = tsub.add_parser("remove", help="unregister a target", formatter_class=_Help)
+    s.set_defaults(func=cmd_targets_remove)
+    s.add_argument("name", help="the target's name (or id)")
+    keep = s.add_mutually_exclusive_group()
+    keep.add_argument(
+        "--keep-history",
+        action="store_true",
+        help="keep its sessions and trials listed (needed when it has any)",
+    )
+    keep.add_argument(
+        "--drop-history", action="store_true", help="delete its sessions and trials with it"
+    )
+    remote(s)
+
+    # -- tune
+    s = command("tune", "tune a server: benchmark candidates, keep what really helps", cmd_tune)
+    where = s.add_argument_group("the server (one of)")
+    where.add_argument("--target", metavar="NAME", help="a registered target's name (or id)")
+    where.add_argument("--dsn", help="a libpq DSN: registered as a target if new")
+    where.add_argument("--name", help="with --dsn: the new target's name (default: host-port-db)")
+    where.add_argument(
+        "--restart-method",
+        metavar="NAME",
+        help="with --dsn: a restart method configured on the service "
+        "(KNOBTUNE_RESTART_METHODS); without one, knobs that need a restart are skipped",
+    )
+    where.add_argument(
+        "--restart-command",
+        metavar="CMD",
+        help="with --dsn, in-process only: how this host restarts the server, run as argv "
+        "without a shell; without it or --restart-method, restart knobs are skipped",
+    )
+    server_facts(where)
+    wl = s.add_argument_group(
+        "the workload (every option left out takes the workload's own default)"
+    )
+    wl.add_argument(
         "--builtin",
         choices=["tpcb-like", "simple-update", "select-only", "tpch", "tpcc", "chbench"],
         help="pgbench's builtin script, or a built-in workload with its own data: tpch "
-        "(--scale = scale factor, e.g. 0.2), tpcc or chbench (--scale = warehouses)",
+        "(--scale = scale factor, e.g. 0.2), tpcc or chbench (--scale = warehouses) (default: "
+        "tpcb-like without --script; with --script, your scripts only)",
     )
-    s.add_argument("--script", action="append", help="SQL script file for pgbench (repeatable)")
-    s.add_argument("--mode", choices=["power", "throughput"], help="tpch: power or throughput")
-    s.add_argument("--queries", help="tpch/chbench: comma-separated queries, e.g. Q1,Q6")
-    s.add_argument("--olap-clients", type=int, help="chbench: clients of the analytic stream")
-    s.add_argument("--workload-kind", choices=["write-heavy", "read-heavy", "mixed", "analytics"])
-    s.add_argument("--duration", type=int, default=60)
-    s.add_argument("--warmup", type=int, default=5)
-    s.add_argument(
+    wl.add_argument(
+        "--script",
+        action="append",
+        metavar="FILE",
+        help="your SQL in pgbench's script syntax, one transaction; repeatable (default: none)",
+    )
+    wl.add_argument(
+        "--duration",
+        type=int,
+        metavar="SECONDS",
+        help="length of one benchmark run, warm-up included (default: the "
+        "workload's: 60 s, 120 s for tpch)",
+    )
+    wl.add_argument(
+        "--warmup",
+        type=int,
+        metavar="SECONDS",
+        help="seconds at the start of each run that are not measured (default: "
+        "the workload's: 5 s, 10 s for tpch; at most a quarter of --duration)",
+    )
+    wl.add_argument(
         "--clients",
         type=_clients_arg,
-        default=8,
-        help='pgbench clients, or "auto": a client sweep first, then tune at its knee',
+        metavar="N|auto",
+        help='concurrent clients, or "auto": a client sweep first, then tune at its knee '
+        "(default: the workload's: 8, 1 for TPC-H's power mode)",
     )
-    s.add_argument("--jobs", type=int, default=2)
-    s.add_argument("--scale", type=float, default=10)
-    s.add_argument("--no-init", action="store_true", help="do not create pgbench tables")
-    s.add_argument("--max-trials", type=int, default=30)
-    s.add_argument("--time-budget", type=float)
-    s.add_argument("--min-gain", type=float, default=0.02)
-    s.add_argument("--on-finish", choices=["restore", "apply_best"], default="restore")
-    s.add_argument(
-        "--objective",
-        choices=["throughput", "latency_p95", "query_time_geomean", "query_time_total"],
-        default="throughput",
-        help="what a run's level is, from its transactions (query times: lower is better)",
+    wl.add_argument(
+        "--jobs", type=int, metavar="N", help="pgbench threads, at most --clients (default: 2)"
     )
-    s.add_argument("--isolation", choices=["read committed", "repeatable read", "serializable"])
-    s.add_argument(
+    wl.add_argument(
+        "--scale",
+        type=float,
+        help="pgbench scale (x 100,000 accounts), TPC-H scale factor, or "
+        "warehouses (default: the workload's: 10, 1 for tpch)",
+    )
+    wl.add_argument(
+        "--init",
+        action=argparse.BooleanOptionalAction,
+        help="create pgbench's tables first (default: yes with a pgbench builtin, "
+        "no for your scripts only)",
+    )
+    wl.add_argument(
+        "--mode",
+        choices=["power", "throughput"],
+        help="tpch: power (1 client, queries in turn) or throughput (default: power)",
+    )
+    wl.add_argument(
+        "--queries", help="tpch/chbench: comma-separated queries, e.g. Q1,Q6 (default: all)"
+    )
+    wl.add_argument(
+        "--olap-clients",
+        type=int,
+        metavar="N",
+        help="chbench: clients of the analytic stream (default: 1)",
+    )
+    wl.add_argument(
+        "--isolation",
+        choices=["read committed", "repeatable read", "serializable"],
+        help="the benchmark sessions' isolation level (default: the server's)",
+    )
+    wl.add_argument(
         "--max-tries",
         type=int,
-        help="pgbench --max-tries (serialization retries; default 1, 10 for tpcc/chbench)",
+        metavar="N",
+        help="pgbench --max-tries: tries of a transaction after a serialization "
+        "failure (default: 1, 10 for tpcc/chbench)",
     )
-    s.add_argument("--follow", action="store_true", help="with --server: show live progress")
-    s.add_argument("--out", default=".")
+    rp = s.add_argument_group("a captured workload (issue 28; instead of --builtin/--script)")
+    rp.add_argument(
+        "--replay",
+        metavar="CAPTURE",
+        help="replay a capture's statements as the benchmark: its name or id (see 'knobtune "
+        "captures') (default: none)",
+    )
+    rp.add_argument(
+        "--speed",
+        type=float,
+        metavar="FACTOR",
+        help="with --replay: how fast, relative to the capture's own pace, e.g. 2 = twice as "
+        "fast (default: 1)",
+    )
+    rp.add_argument(
+        "--replay-database",
+        metavar="DB",
+        help="with --replay: the database holding the starting data that the replay copies "
+        "(default: the capture's database)",
+    )
+    search = s.add_argument_group("the search")
+    search.add_argument(
+        "--knobs",
+        help="comma-separated knobs, tuned in this order (default: "
+        "the catalogue's set for the workload)",
+    )
+    search.add_argument(
+        "--workload-kind",
+        choices=["write-heavy", "read-heavy", "mixed", "analytics"],
+        help="picks the default knob set and the rule of thumb's hints "
+        "(default: from the workload)",
+    )
+    search.add_argument(
+        "--objective",
+        choices=[
+            "throughput",
+            "latency_p95",
+            "query_time_geomean",
+            "query_time_total",
+            "latency_mean",
+        ],
+        help="what a run is judged by (query times and latency: lower is better) (default: "
+        "throughput; latency_mean for a replay)",
+    )
+    search.add_argument(
+        "--max-trials",
+        type=int,
+        metavar="N",
+        help="benchmark runs in all, final check included (default: 30)",
+    )
+    search.add_argument(
+        "--time-budget",
+        type=_duration,
+        metavar="DURATION",
+        help="wall-clock limit: seconds, or 15m, 2h (default: none)",
+    )
+    search.add_argument(
+        "--min-gain",
+        type=float,
+        metavar="FRACTION",
+        help="smallest gain worth keeping, 0.02 = 2%% (default: 0.02)",
+    )
+    search.add_argument(
+        "--final-check-runs",
+        type=int,
+        metavar="N",
+        help="runs of the final check (start and best side by side), even; 0 "
+        "leaves any gain unconfirmed (default: 6)",
+    )
+    search.add_argument(
+        "--hints",
+        action=argparse.BooleanOptionalAction,
+        help="try PGTune-style values for this machine first, each judged "
+        "like any candidate (default: yes)",
+    )
+    search.add_argument(
+        "--start",
+        choices=["current", "heuristic"],
+        help="start from the server's current settings or from the rule of "
+        "thumb's config (default: current)",
+    )
+    search.add_argument(
+        "--allow-unsafe",
+        action="store_true",
+        help="also tune durability-unsafe knobs (synchronous_commit, fsync, "
+        "full_page_writes): faster, but a crash can lose commits (default: no)",
+    )
+    search.add_argument(
+        "--on-finish",
+        choices=["restore", "apply_best"],
+        help="at the end, restore the server's settings or leave the best "
+        "config applied (default: restore; see also 'knobtune apply')",
+    )
+    search.add_argument("--seed", type=int, help="random seed of the search (default: random)")
+    out = s.add_argument_group("output")
+    out.add_argument(
+        "--out", default=".", metavar="DIR", help="where postgresql.conf and the chart go"
+    )
+    out.add_argument(
+        "--follow",
+        action="store_true",
+        help="with --server: show live progress instead of printing the session id",
+    )
     remote(s)
-    s.set_defaults(func=cmd_tune)
 
-    s = sub.add_parser("sweep", help="find the client count where throughput stops rising")
-    s.add_argument("--dsn", help="libpq DSN of the target (registered if new)")
-    s.add_argument("--target", type=int, help="id of a registered target")
-    s.add_argument("--name", help="with --dsn: target name (default: derived from the DSN)")
-    s.add_argument("--ram-bytes", type=int)
-    s.add_argument("--cpus", type=int)
+    s = command("status", "a session's progress and result in plain words", cmd_status)
+    s.add_argument("id", type=int, help="the session's id (see 'knobtune sessions')")
+    remote(s)
+
+    s = command("cancel", "stop a running session; the target is restored", cmd_cancel)
+    s.add_argument("id", type=int, help="the session's id")
+    remote(s)
+
+    s = command("sessions", "list sessions, newest first, with their result", cmd_sessions)
+    s.add_argument("--limit", type=int, default=20, metavar="N", help="how many to list")
+    remote(s)
+
+    s = command("export", "print a session's recommended config", cmd_export)
+    s.add_argument("id", type=int, help="the session's id")
     s.add_argument(
-        "--builtin", choices=["tpcb-like", "simple-update", "select-only"], default="tpcb-like"
+        "--format",
+        choices=["conf", "sql", "json"],
+        default="conf",
+        help="postgresql.conf lines, ALTER SYSTEM statements, or JSON",
     )
-    s.add_argument("--clients", help="comma-separated counts (default: 1, 2, 4, ... to a cap)")
-    s.add_argument("--duration", type=int, default=10, help="seconds per run, warm-up included")
-    s.add_argument("--warmup", type=int, default=2)
-    s.add_argument("--repeats", type=int, default=2, help="runs per count (up-down order)")
-    s.add_argument("--jobs", type=int, default=2)
-    s.add_argument("--scale", type=int, default=10)
-    s.add_argument("--no-init", action="store_true", help="do not create pgbench tables")
-    s.add_argument("--no-connect-cost", action="store_true", help="skip the -C run at the knee")
-    s.add_argument("--out", default=".", help="where the chart goes (default: .)")
     remote(s)
-    s.set_defaults(func=cmd_sweep)
 
-    s = sub.add_parser("sessions", help="list sessions")
-    s.add_argument("--limit", type=int, default=20)
+    s = command(
+        "apply",
+        "apply a session's recommendation to its target and check it took effect",
+        cmd_apply,
+    )
+    s.add_argument("id", type=int, help="the session's id")
+    s.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="only show the difference with the server's current settings",
+    )
+    s.add_argument(
+        "--restart",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="restart the server where a knob needs it and the target has a "
+        "restart method; --no-restart leaves such knobs pending (default: yes)",
+    )
+    s.add_argument(
+        "--force", action="store_true", help="apply a gain the final check did not confirm"
+    )
     remote(s)
-    s.set_defaults(func=cmd_sessions)
 
-    s = sub.add_parser("export", help="print a session's recommended config")
-    s.add_argument("id", type=int)
-    s.add_argument("--format", choices=["conf", "sql", "json"], default="conf")
+    s = command("rollback", "put back the settings a session's apply replaced", cmd_rollback)
+    s.add_argument("id", type=int, help="the session's id")
+    s.add_argument("--dry-run", action="store_true", help="only show what would be put back")
+    s.add_argument(
+        "--yes",
+        action="store_true",
+        help="roll back although the server's settings changed since the apply",
+    )
     remote(s)
-    s.set_defaults(func=cmd_export)
+
+    # -- captures (issue 28)
+    s = command(
+        "capture",
+        "log every statement a target runs for a while (its settings are put back), to "
+        "replay it as the benchmark",
+        cmd_capture,
+    )
+    s.add_argument(
+        "--target", required=True, metavar="NAME", help="a registered target's name (or id)"
+    )
+    s.add_argument(
+        "--minutes",
+        type=float,
+        required=True,
+        metavar="N",
+        help="how long to log every statement, in minutes: 1/6 (10 s) to 120, fractions "
+        "allowed (0.5 = 30 s)",
+    )
+    s.add_argument(
+        "--database",
+        metavar="DB",
+        help="the database whose statements are kept (default: the target DSN's database)",
+    )
+    s.add_argument(
+        "--name",
+        help="the capture's name: a letter, then letters, digits, _ . - (default: the "
+        "target's name and the time)",
+    )
+    remote(s)
+
+    c = command("captures", "list, show, import, download or delete captures", cmd_captures)
+    # `knobtune captures` alone lists them; the options belong to each action
+    c.set_defaults(
+        server=None, token=os.environ.get("KNOBTUNE_API_TOKEN"), database_url=None, limit=50
+    )
+    csub = c.add_subparsers(dest="action", metavar="ACTION")
+    s = csub.add_parser("list", help="list the captures, newest first", formatter_class=_Help)
+    s.set_defaults(func=cmd_captures)
+    s.add_argument("--limit", type=int, default=50, metavar="N", help="how many to list")
+    remote(s)
+    s = csub.add_parser(
+        "show", help="a capture's summary: sessions, statements, top queries", formatter_class=_Help
+    )
+    s.set_defaults(func=cmd_captures_show)
+    s.add_argument("id", metavar="ID", help="the capture's id (or name)")
+    remote(s)
+    s = csub.add_parser("delete", help="delete a capture and its log file", formatter_class=_Help)
+    s.set_defaults(func=cmd_captures_delete)
+    s.add_argument("id", metavar="ID", help="the capture's id (or name)")
+    remote(s)
+    s = csub.add_parser(
+        "import",
+        help="upload a server log you captured yourself (read here and sent, plain or gzip)",
+        formatter_class=_Help,
+    )
+    s.set_defaults(func=cmd_captures_import)
+    s.add_argument(
+        "file",
+        metavar="FILE",
+        help="the server's log: stderr format with log_line_prefix '%%m|%%u|%%d|%%c|' and "
+        "log_statement = 'all', or a csvlog; plain or .gz",
+    )
+    s.add_argument(
+        "--name",
+        required=True,
+        help="the capture's name: a letter, then letters, digits, _ . -",
+    )
+    s.add_argument(
+        "--database",
+        metavar="DB",
+        help="the database whose statements to keep (default: the only one in the log)",
+    )
+    remote(s)
+    s = csub.add_parser(
+        "download",
+        help="write a capture's log (the statements with their values) to a file",
+        formatter_class=_Help,
+    )
+    s.set_defaults(func=cmd_captures_download)
+    s.add_argument("id", metavar="ID", help="the capture's id (or name)")
+    s.add_argument(
+        "--out",
+        metavar="FILE",
+        help="where to write it, gzip, mode 0600 (default: capture-ID.log.gz here)",
+    )
+    remote(s)
+
+    s = command("sweep", "find the client count where throughput stops rising", cmd_sweep)
+    s.add_argument("--dsn", help="libpq DSN of the target (registered if new)")
+    s.add_argument("--target", metavar="NAME", help="a registered target's name (or id)")
+    s.add_argument("--name", help="with --dsn: the new target's name (default: host-port-db)")
+    server_facts(s)
+    s.add_argument(
+        "--builtin",
+        choices=["tpcb-like", "simple-update", "select-only"],
+        default="tpcb-like",
+        help="pgbench's builtin script",
+    )
+    s.add_argument(
+        "--clients",
+        metavar="N,N,...",
+        help="comma-separated counts (default: 1, 2, 4, ... to a cap from "
+        "max_connections and CPUs)",
+    )
+    s.add_argument(
+        "--duration",
+        type=int,
+        default=10,
+        metavar="SECONDS",
+        help="seconds per run, warm-up included",
+    )
+    s.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        metavar="SECONDS",
+        help="seconds at the start of each run that are not measured",
+    )
+    s.add_argument(
+        "--repeats", type=int, default=2, metavar="N", help="runs per count (up-down order)"
+    )
+    s.add_argument("--jobs", type=int, default=2, metavar="N", help="pgbench threads")
+    s.add_argument("--scale", type=int, default=10, help="pgbench scale (x 100,000 accounts)")
+    s.add_argument(
+        "--init",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="create pgbench's tables first (default: yes)",
+    )
+    s.add_argument(
+        "--connect-cost",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure a new connection per transaction (-C) at the knee (default: yes)",
+    )
+    s.add_argument("--out", default=".", metavar="DIR", help="where the chart goes")
+    remote(s)
     return p
 
 

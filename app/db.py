@@ -11,6 +11,7 @@ from typing import Any, cast
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import CursorResult, Engine, Executable, create_engine, event
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 
@@ -21,6 +22,17 @@ def utcnow() -> datetime:
 def changed_rows(s: Session, stmt: Executable) -> int:
     """Rows an UPDATE/DELETE touched: the compare-and-set primitive of leases."""
     return cast(CursorResult[Any], s.execute(stmt)).rowcount
+
+
+def transient(exc: BaseException) -> bool:
+    """A metadata DB error that a retry may cure (connection lost, server down, locked)."""
+    return isinstance(exc, OperationalError | InterfaceError)
+
+
+def db_message(exc: BaseException) -> str:
+    """The driver's message only: SQLAlchemy's str() appends the statement and parameters."""
+    orig = getattr(exc, "orig", None)
+    return str(orig or exc).strip().splitlines()[0] if str(orig or exc).strip() else repr(exc)
 
 
 def make_engine(url: str) -> Engine:

@@ -16,6 +16,8 @@ import numpy as np
 
 from app.postgres.pgbench import BenchResult, BenchSpec
 from app.workloads.base import Stream
+from optimizer.counters import ServerCounters
+from optimizer.counters import summary as counters_summary
 from optimizer.evidence import StreamStat, stream_figures, summarize_stream
 
 Z95 = 1.959963984540054
@@ -24,7 +26,24 @@ Z95 = 1.959963984540054
 def bench_spec(
     stream: Stream, *, duration_s: int, warmup_s: int, rate: float | None = None
 ) -> BenchSpec:
-    """The pgbench run of one stream (every stream of a run: same duration and warm-up)."""
+    """The pgbench run of one stream (every stream of a run: same duration and warm-up).
+
+    A replay stream runs the replay player on its plan (no scripts, no rate: the capture
+    sets the pace); its scripts only name the labels of what it logs.
+    """
+    if stream.replay is not None:
+        return BenchSpec(
+            builtin=None,
+            scripts=None,
+            clients=stream.clients,
+            jobs=stream.clients,
+            duration_s=duration_s,
+            warmup_s=warmup_s,
+            isolation=stream.isolation,
+            replay=stream.replay,
+            # every statement logged: a label that ran once must not be lost to sampling
+            log_sampling=1.0,
+        )
     return BenchSpec(
         builtin=stream.builtin,
         builtin_weight=stream.builtin_weight,
@@ -215,3 +234,8 @@ def per_stream(side: str, runs: Iterable[StreamStat]) -> list[dict[str, Any]]:
             row[key] = statistics.median(v for v in vals if v is not None) if vals else None
         rows.append(row)
     return rows
+
+
+def io_line(metrics: Mapping[str, Any] | None) -> str | None:
+    """A trial's server counters in one line, as the studies read iostat (None: none)."""
+    return counters_summary(ServerCounters.from_metrics(metrics))

@@ -24,6 +24,9 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from app import vault
+from app.postgres.dsn import remember
+
 # Session states where the session still holds its target.
 ACTIVE_STATUSES = ("queued", "running")
 FINAL_STATUSES = ("succeeded", "failed", "cancelled")
@@ -46,6 +49,32 @@ class UTCDateTime(TypeDecorator[datetime]):
         return None if value is None else value.replace(tzinfo=UTC)
 
 
+class EncryptedText(TypeDecorator[str]):
+    """Text stored encrypted (app/vault.py: Fernet, ``fernet:`` prefix), plain in Python.
+
+    Used for DSNs: their passwords never reach the metadata DB, its WAL or a dump in
+    plain text. Every DSN read or written is also remembered by app.postgres.dsn, so
+    that error texts are scrubbed of every known password, not only their own target's.
+    Rows written before encryption read as they are (and are sealed at the next start).
+    """
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        if value is None:
+            return None
+        remember(value)
+        return value if vault.is_encrypted(value) else vault.encrypt(value)
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> str | None:
+        if value is None:
+            return None
+        plain = vault.decrypt(value)
+        remember(plain)
+        return plain
+
+
 class Base(DeclarativeBase):
     type_annotation_map: ClassVar[dict[Any, Any]] = {
         datetime: UTCDateTime,
@@ -59,19 +88,49 @@ class Target(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
-    # Stored as given (the runner needs the password); never rendered unmasked.
-    dsn: Mapped[str] = mapped_column(Text)
+    # Encrypted at rest (the runner needs the password); never rendered unmasked. For a
+    # managed sandbox: its superuser, used by the controller only (ALTER SYSTEM).
+    dsn: Mapped[str] = mapped_column(EncryptedText)
+    # Where workloads run when it differs from dsn: a sandbox's benchmark role (no
+    # superuser, no server files or programs). Encrypted like dsn.
+    bench_dsn: Mapped[str | None] = mapped_column(EncryptedText)
+    # One of the operator's configured restart methods (Settings.restart_methods), by
+    # name; "sandbox" for a managed sandbox's own pg_ctl.
+    restart_method: Mapped[str | None] = mapped_column(String(64))
+    # A shell command stored before restart methods existed: kept as text, never run.
     restart_command: Mapped[str | None] = mapped_column(Text)
+    # Which server this is (app.postgres.target.server_identity): one target per server.
+    server_id: Mapped[str | None] = mapped_column(String(100))
     data_dir: Mapped[str | None] = mapped_column(Text)
     ram_bytes: Mapped[int | None] = mapped_column(BigInteger)
     cpus: Mapped[int | None] = mapped_column(Integer)
     sandbox_dir: Mapped[str | None] = mapped_column(Text)  # managed local cluster
+    # A sandbox's hardware profile (app.postgres.cgroups.Limits.to_json): the cgroup it
+    # runs in, made again at every start of the service. None: no limits.
+    sandbox_limits: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     probe: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime]
     # Set instead of deleting a target whose sessions are kept as history.
     retired_at: Mapped[datetime | None]
 
     sessions: Mapped[list[TuningSession]] = relationship(back_populates="target")
+
+    __table_args__ = (
+        # One live target per server: a second registration is refused (409), and this
+        # makes two racing registrations unable to both win.
+        Index(
+            "uq_targets_one_per_server",
+            "server_id",
+            unique=True,
+            sqlite_where=text("retired_at IS NULL AND server_id IS NOT NULL"),
+            postgresql_where=text("retired_at IS NULL AND server_id IS NOT NULL"),
+        ),
+    )
+
+    @property
+    def workload_dsn(self) -> str:
+        """Where the workload (pgbench, preflight, data loading) connects."""
+        return self.bench_dsn or self.dsn
 
 
 class TuningSession(Base):
@@ -194,12 +253,16 @@ class Sweep(Base):
     """A client sweep of a target (issue 16): the workload at increasing client counts.
 
     It changes no configuration, so there is nothing to restore; it holds its target like
-    a session does (one sweep or session at a time), until it ends or its heartbeat goes
-    stale (the process running it died).
+    a session does (one sweep or session at a time) until it ends. Like a session it is
+    claimed under a lease by the scheduler and kept alive by a heartbeat; a process that
+    dies leaves a lease that runs out, and another claim resumes the sweep.
     """
 
     __tablename__ = "sweeps"
-    __table_args__ = (Index("ix_sweeps_target_status", "target_id", "status"),)
+    __table_args__ = (
+        Index("ix_sweeps_target_status", "target_id", "status"),
+        Index("ix_sweeps_status", "status"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
@@ -214,7 +277,100 @@ class Sweep(Base):
     error: Mapped[str | None] = mapped_column(Text)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None]
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     heartbeat_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class Apply(Base):
+    """A session's recommendation applied to its target, and the way back (issue 27).
+
+    ``before`` is the target's state taken just before the change (ALTER SYSTEM entries
+    and effective values): a rollback puts it back. ``after`` is the state right after:
+    a rollback that finds the server changed since then shows the difference and waits
+    for a confirmation. An apply in progress holds its target (app/targets/holds.py).
+    """
+
+    __tablename__ = "applies"
+    __table_args__ = (Index("ix_applies_target_status", "target_id", "status"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    session_id: Mapped[int] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
+    # applying, applied, failed, rolling-back, rolled-back
+    status: Mapped[str] = mapped_column(String(16))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)  # knob -> value set by this apply
+    changes: Mapped[list[Any]] = mapped_column(JSON, default=list)  # the diff shown before
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # Snapshot.to_json()
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    verified: Mapped[list[Any]] = mapped_column(JSON, default=list)  # pg_settings after
+    restarted: Mapped[bool] = mapped_column(Boolean, default=False)
+    pending_restart: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    rolled_back_at: Mapped[datetime | None]
+
+
+class Capture(Base):
+    """A captured workload (issue 28): a target's statement log, or an imported one.
+
+    A live capture is background work under a lease like a sweep (app/runs/capture.py):
+    it snapshots the target's logging settings (``snapshot``, committed before the first
+    ALTER SYSTEM), logs every statement for ``request.seconds``, always puts the settings
+    back, and collects the log lines of its window. ``collect`` holds where the window
+    starts in the server's log and the pg_stat_statements counters at its start, so that
+    a process taking over after a crash can put the settings back and collect what was
+    logged. The log itself (the statements with their values: the user's data) is never
+    in the metadata DB: it is a file, compressed and encrypted (app/captures/store.py).
+    A live capture holds its target (app/targets/holds.py) until it ends.
+    """
+
+    __tablename__ = "captures"
+    __table_args__ = (
+        Index("uq_captures_name", "name", unique=True),
+        # One live capture per target at a time, enforced by the DB against racing POSTs.
+        Index(
+            "uq_captures_one_active_per_target",
+            "target_id",
+            unique=True,
+            sqlite_where=text("status IN ('queued', 'running')"),
+            postgresql_where=text("status IN ('queued', 'running')"),
+        ),
+        Index("ix_captures_target_status", "target_id", "status"),
+        Index("ix_captures_status", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    # None for an import; SET NULL when the target is deleted (the capture stays useful)
+    target_id: Mapped[int | None] = mapped_column(ForeignKey("targets.id", ondelete="SET NULL"))
+    source: Mapped[str] = mapped_column(String(16))  # live, import
+    database: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    phase: Mapped[str] = mapped_column(String(200), default="queued")
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # the target's logging settings before the capture (Snapshot.to_json()); written and
+    # committed before the first change
+    snapshot: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # where the window starts in the server's log (app.postgres.serverlog.LogPoint) and the
+    # pg_stat_statements counters then; no statement text
+    collect: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # what the capture holds: counts, kinds, top queries (normalized, no literal values)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    raw_bytes: Mapped[int | None] = mapped_column(BigInteger)  # log text kept
+    stored_bytes: Mapped[int | None] = mapped_column(BigInteger)  # the file, compressed
+    truncated: Mapped[bool] = mapped_column(Boolean, default=False)
+    notes: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    error: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]

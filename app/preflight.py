@@ -15,17 +15,24 @@ import logging
 import re
 import subprocess
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.postgres.dsn import libpq_env, mask_dsn, scrub
+from app.postgres import privilege
+from app.postgres.dsn import libpq_env, mask_dsn, password_of
+from app.postgres.errors import bounded, first_line, primary_message
 from app.postgres.pgbench import PgbenchError, find_pgbench
+from app.postgres.scripts import ScriptError, check_script, command_lines
 from app.schemas import BUILTIN_WORKLOADS, WorkloadIn
 
 log = logging.getLogger(__name__)
 
 TRANSACTIONS = 2
 TIMEOUT_S = 30.0  # a heavy report may take a while; past this, the dry run proves nothing
+# Connecting to a target while a request waits (registering it, this preflight), unless
+# its DSN sets connect_timeout: a target that never answers fails in seconds, not minutes.
+CONNECT_TIMEOUT_S = 5
 _ABORTED = re.compile(r"aborted in command (\d+) query \d+: (.*)")
 _PGBENCH_TABLE = re.compile(
     r'relation "(?:public\.)?pgbench_(?:accounts|branches|tellers|history)"'
@@ -39,51 +46,10 @@ class PreflightError(Exception):
 
 @dataclass(frozen=True)
 class _Failure:
-    message: str  # PostgreSQL's (or pgbench's) words, first line first
+    message: str  # PostgreSQL's (or pgbench's) first line, unbounded: bound before showing
     command: int | None  # pgbench's 0-based command index in the script
     file_line: int | None  # a line pgbench named itself (meta-command syntax errors)
     stmt_line: int | None  # PostgreSQL's "LINE n:" within the statement
-
-
-def command_lines(sql: str) -> list[int]:
-    """The 1-based line where each pgbench command of ``sql`` starts.
-
-    pgbench splits a script into commands: one per backslash meta-command line, one per
-    SQL statement ending in ';' (outside quotes). Comments and blank lines are no command.
-    """
-    starts: list[int] = []
-    in_sql = False
-    quote: str | None = None
-    continued = False
-    for n, line in enumerate(sql.splitlines(), start=1):
-        if continued:  # a meta-command continued with a trailing backslash
-            continued = line.rstrip().endswith("\\")
-            continue
-        stripped = line.strip()
-        if not in_sql and quote is None:
-            if not stripped or stripped.startswith("--"):
-                continue
-            if stripped.startswith("\\"):
-                starts.append(n)
-                continued = stripped.endswith("\\")
-                continue
-        i = 0
-        while i < len(line):
-            ch = line[i]
-            if quote is not None:
-                if ch == quote:
-                    quote = None
-            elif ch in "'\"":
-                quote = ch
-            elif line.startswith("--", i):
-                break
-            elif ch == ";":
-                in_sql = False
-            elif not ch.isspace() and not in_sql:
-                starts.append(n)
-                in_sql = True
-            i += 1
-    return starts
 
 
 def _parse(stderr: str) -> _Failure | None:
@@ -118,7 +84,9 @@ def _parse(stderr: str) -> _Failure | None:
     if m:
         file_line, first[0] = int(m.group(1)), m.group(2)
     stmt = next((re.match(r"LINE (\d+):", ln) for ln in first if ln.startswith("LINE ")), None)
-    message = " ".join(" ".join(first).split())
+    # Only the primary message's first line: the rest (DETAIL, CONTEXT, a quoted value's
+    # further lines) is what a hostile script would use to carry data out.
+    message = re.sub(r"^(?:ERROR|FATAL|PANIC):\s+", "", first[0].strip())
     return _Failure(message, command, file_line, int(stmt.group(1)) if stmt else None)
 
 
@@ -137,11 +105,19 @@ def _tables_missing(stderr: str) -> bool:
     return "could not count number of branches" in stderr or bool(_PGBENCH_TABLE.search(stderr))
 
 
-def check_workload(dsn: str, workload: WorkloadIn) -> list[str]:
+def check_workload(dsn: str, workload: WorkloadIn, *, known_dsns: Iterable[str] = ()) -> list[str]:
     """Dry-run every script of ``workload`` on ``dsn``; raise PreflightError on the first failure.
 
-    Returns notes on what was not checked (and why).
+    Returns notes on what was not checked (and why). The error quotes the target only as
+    app/postgres/errors.py allows, with the passwords of ``dsn`` and ``known_dsns`` (the
+    service's other targets) masked. A script that fails knobtune's own check (a
+    ``\\shell``) is refused before anything runs, whatever its caller checked.
     """
+    for i, script in enumerate(workload.scripts or []):
+        try:
+            check_script(script.sql)
+        except ScriptError as exc:
+            raise PreflightError(f"workload.scripts[{i}], {exc}") from None
     if workload.builtin in BUILTIN_WORKLOADS:
         # its scripts are ours and tested; its tables exist only once prepare() loaded them
         return [f"builtin {workload.builtin}: not dry-run (knobtune's own scripts and data)"]
@@ -153,6 +129,8 @@ def check_workload(dsn: str, workload: WorkloadIn) -> list[str]:
         return [f"not dry-run: {exc}"]
     env = libpq_env(dsn)
     env.setdefault("PGAPPNAME", "knobtune-preflight")
+    env.setdefault("PGCONNECT_TIMEOUT", str(CONNECT_TIMEOUT_S))
+    secrets = [pw for pw in map(password_of, [dsn, *known_dsns]) if pw]
     runs: list[tuple[str, list[str], str | None]] = []  # (label, pgbench args, script text)
     notes: list[str] = []
     if workload.builtin is not None:
@@ -161,6 +139,7 @@ def check_workload(dsn: str, workload: WorkloadIn) -> list[str]:
         else:
             runs.append((f"builtin script {workload.builtin}", ["-b", workload.builtin], None))
     with tempfile.TemporaryDirectory(prefix="knobtune-preflight-") as tmp:
+        privilege.hand_over(Path(tmp))  # pgbench runs as the unprivileged user
         for i, script in enumerate(workload.scripts or []):
             path = Path(tmp) / f"script{i}.sql"
             path.write_text(script.sql if script.sql.endswith("\n") else script.sql + "\n")
@@ -186,6 +165,7 @@ def check_workload(dsn: str, workload: WorkloadIn) -> list[str]:
                     text=True,
                     timeout=TIMEOUT_S,
                     stdin=subprocess.DEVNULL,
+                    **privilege.child_kwargs(),
                 )
             except subprocess.TimeoutExpired:
                 notes.append(f"{label}: {TRANSACTIONS} transactions took over {TIMEOUT_S:.0f} s")
@@ -194,19 +174,26 @@ def check_workload(dsn: str, workload: WorkloadIn) -> list[str]:
                 raise PreflightError(f"cannot run pgbench ({pgbench}): {exc}") from None
             if res.returncode == 0:
                 continue
-            stderr = scrub(res.stderr, dsn)
-            if workload.init and _tables_missing(stderr):
+            if workload.init and _tables_missing(res.stderr):
                 notes.append(f"{label}: uses the pgbench tables, which init creates: not dry-run")
                 continue
-            raise PreflightError(_explain(label, sql, stderr, workload, dsn))
+            raise PreflightError(_explain(label, sql, res.stderr, workload, dsn, secrets))
     return notes
 
 
-def _explain(label: str, sql: str | None, stderr: str, workload: WorkloadIn, dsn: str) -> str:
+def _explain(
+    label: str,
+    sql: str | None,
+    stderr: str,
+    workload: WorkloadIn,
+    dsn: str,
+    secrets: list[str],
+) -> str:
     failure = _parse(stderr)
-    said = failure.message if failure else " ".join(stderr.split())[-500:] or "no message"
-    if "connection to server" in said or "could not connect" in said:
-        return f"cannot connect to the target {mask_dsn(dsn)}: {said}"
+    raw = failure.message if failure else first_line(stderr.removeprefix("pgbench: "))
+    said = primary_message(raw, secrets) if raw.strip() else "no message"
+    if "connection to server" in raw or "could not connect" in raw:
+        return f"cannot connect to the target {mask_dsn(dsn)}: {bounded(raw, secrets)}"
     where = label
     if sql is not None and failure is not None:
         line = _where(sql, failure)
@@ -214,13 +201,18 @@ def _explain(label: str, sql: str | None, stderr: str, workload: WorkloadIn, dsn
             where += f", line {line}"
     if sql is None and _tables_missing(stderr):
         fix = "the pgbench tables are missing: set workload.init to true (or run pgbench -i)"
-    elif "does not exist" in said and "relation" in said:
+    elif "does not exist" in raw and "relation" in raw:
         fix = "create the table first or fix its name" + (
             " (workload.init is false: knobtune creates no tables)" if not workload.init else ""
         )
-    elif "permission denied" in said:
+    elif "statement timeout" in raw:
+        fix = (
+            "the target's statement_timeout (from the DSN's options or the role's settings) "
+            "cancels the script's statements: raise it or remove it from the DSN"
+        )
+    elif "permission denied" in raw:
         fix = "GRANT the target's user the privilege, or connect as a user that has it"
-    elif "operator does not exist" in said or "could not determine data type" in said:
+    elif "operator does not exist" in raw or "could not determine data type" in raw:
         fix = (
             "cast the parameter (e.g. :d::int) or use protocol 'simple', pgbench's default"
             if workload.protocol != "simple"

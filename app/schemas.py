@@ -5,14 +5,138 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from app.postgres.cgroups import PROFILES, Limits, resolve
+from app.postgres.scripts import check_script
+from app.replay.plan import REPLAY_DATABASE
 
 Builtin = Literal["tpcb-like", "simple-update", "select-only"]
 # built-in workloads with their own data and scripts (app/workloads/): analytic, OLTP, hybrid
 BUILTIN_WORKLOADS = ("tpch", "tpcc", "chbench")
 AnyBuiltin = Literal["tpcb-like", "simple-update", "select-only", "tpch", "tpcc", "chbench"]
 Isolation = Literal["read committed", "repeatable read", "serializable"]
-ObjectiveName = Literal["throughput", "latency_p95", "query_time_geomean", "query_time_total"]
+ObjectiveName = Literal[
+    "throughput", "latency_p95", "query_time_geomean", "query_time_total", "latency_mean"
+]
+
+# -- each workload's own defaults: what a request, the CLI or the dashboard leaves unsaid.
+# Read by WorkloadIn for every field the request did not set. Front ends send only what the
+# user gave, so a workload's defaults are never overridden by a front end's own (TPC-H's
+# power test runs one client; a CLI default of 8 clients once made `--builtin tpch` fail).
+#
+# pgbench's builtins and the user's own scripts
+PGBENCH_DEFAULTS: dict[str, Any] = {
+    "scale": 10,
+    "clients": 8,
+    "jobs": 2,
+    "duration_s": 60,
+    "warmup_s": 5,
+    "init": True,  # create pgbench's tables (pgbench -i) for its builtin scripts
+}
+
+_WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
+    # TPC-H at scale factor 1 (1.7 GB, ~3 min to load here): one pass over the 22 queries
+    # took 69 s on this 2-core machine, so a run of 120 s holds every query at least once.
+    # Power test: one client runs the queries in turn; throughput test: 2 clients.
+    "tpch": {"scale": 1, "clients": 1, "jobs": 1, "duration_s": 120, "warmup_s": 10},
+    # TPC-C and CH-benCHmark: warehouses (10: about 1 GB), the OLTP stream's clients
+    "tpcc": {"scale": 10, "clients": 8, "jobs": 2, "duration_s": 60, "warmup_s": 5},
+    "chbench": {"scale": 10, "clients": 8, "jobs": 2, "duration_s": 60, "warmup_s": 5},
+}
+
+
+def workload_defaults(builtin: str | None, mode: str = "power") -> dict[str, Any]:
+    """The defaults of ``builtin`` (None: the user's scripts only, pgbench's defaults)."""
+    out = dict(_WORKLOAD_DEFAULTS.get(builtin or "", PGBENCH_DEFAULTS))
+    if builtin is None:
+        out["init"] = False  # your scripts on your tables: knobtune creates no table
+    if builtin == "tpch" and mode == "throughput":
+        out.update(clients=2, jobs=2)  # TPC-H's throughput test: at least two streams
+    return out
+
+
+def errors_text(exc: ValidationError, *, drop: int = 0) -> str:
+    """``exc`` as one line, "where: what" per error, without the input it refused.
+
+    pydantic's own text and ``exc.errors()`` carry the input: a DSN's password, or a
+    body of many megabytes. ``drop`` leading parts of each location are left out
+    (e.g. 1 for FastAPI's "body").
+    """
+    parts = []
+    for err in exc.errors(include_input=False, include_url=False, include_context=False):
+        loc = ".".join(str(x) for x in err["loc"][drop:])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts)
+
+
+class SandboxIn(BaseModel):
+    """A sandbox with a hardware profile: a named one, explicit limits, or a profile with
+    some limits replaced (app/postgres/cgroups.py; docs/profiles.md)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    profile: str | None = Field(
+        default=None,
+        max_length=64,
+        description="A named profile: "
+        + ", ".join(f"{n} ({p.models})" for n, p in PROFILES.items()),
+    )
+    memory: StrictStr | StrictInt | None = Field(
+        default=None,
+        description="Memory, page cache included: bytes, or '512MB', '1GB' (1024-based); "
+        "at least 128MB, at most what the host has.",
+    )
+    disk_iops: StrictInt | None = Field(
+        default=None, description="I/O operations per second, reads and writes each."
+    )
+    disk_mbps: StrictInt | None = Field(
+        default=None, description="MB/s (10^6 bytes), reads and writes each."
+    )
+    cpus: StrictInt | None = Field(default=None, description="CPUs (a CFS quota).")
+
+    @model_validator(mode="after")
+    def _valid(self) -> SandboxIn:
+        self.limits()  # raises ProfileError (a ValueError): 422 with its message
+        return self
+
+    def limits(self) -> Limits:
+        return resolve(
+            profile=self.profile,
+            memory=self.memory,
+            disk_iops=self.disk_iops,
+            disk_mbps=self.disk_mbps,
+            cpus=self.cpus,
+        )
+
+
+class SandboxLimitsOut(BaseModel):
+    """The limits a sandbox runs under (its cgroup)."""
+
+    profile: str | None
+    memory_bytes: int | None
+    disk_iops: int | None
+    disk_mbps: int | None
+    cpus: int | None
+
+
+class ProfileOut(BaseModel):
+    name: str
+    models: str
+    memory_bytes: int
+    disk_iops: int
+    disk_mbps: int
+    cpus: int
 
 
 class TargetIn(BaseModel):
@@ -25,23 +149,46 @@ class TargetIn(BaseModel):
         max_length=2000,
         description="libpq connection string or URI. Omit with sandbox=true.",
     )
+    restart_method: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$",
+        description="Name of a restart method the service's operator configured "
+        "(KNOBTUNE_RESTART_METHODS; the restart-methods route lists them). Without it, "
+        "knobs that need a restart are skipped. Not for sandboxes (they have their own).",
+    )
     restart_command: str | None = Field(
         default=None,
         max_length=2000,
-        description="Shell command run on the service's host that restarts the target and "
-        "returns when done. Without it, knobs that need a restart are skipped.",
+        deprecated=True,
+        description="No longer accepted: the API never runs a command. Give restart_method.",
     )
     data_dir: str | None = Field(
         default=None,
         max_length=2000,
-        description="The target's data directory, when it is on this host "
-        "(lets knobtune validate a config with 'postgres -C' before a restart).",
+        description="The target's data directory, when it is on this host (lets knobtune "
+        "validate a config with 'postgres -C' before a restart). Accepted only when its "
+        "global/pg_control shows the server's system identifier.",
     )
     ram_bytes: int | None = Field(default=None, ge=64 * 1024 * 1024, le=1 << 50)
     cpus: int | None = Field(default=None, ge=1, le=4096)
-    sandbox: bool = Field(
-        default=False, description="Create a managed local PostgreSQL cluster for this target."
+    sandbox: bool | SandboxIn = Field(
+        default=False,
+        description="Create a managed local PostgreSQL cluster for this target: true (no "
+        'limits), or a hardware profile: {"profile": "small"} or {"memory": "1GB", '
+        '"disk_iops": 1000, "disk_mbps": 100, "cpus": 1}.',
     )
+
+    @field_validator("sandbox", mode="before")
+    @classmethod
+    def _sandbox(cls, v: Any) -> Any:
+        # An object is a profile: its own errors alone (not "should be a valid boolean").
+        if isinstance(v, dict):
+            try:
+                return SandboxIn.model_validate(v)
+            except ValidationError as exc:
+                raise ValueError(errors_text(exc)) from None
+        return v
 
     @model_validator(mode="after")
     def _dsn_or_sandbox(self) -> TargetIn:
@@ -56,15 +203,41 @@ class TargetOut(BaseModel):
     id: int
     name: str
     dsn: str  # password masked
-    restart_command: str | None
+    restart_method: str | None = None
+    # stored before restart methods existed; kept as text, never run (see restart_note)
+    restart_command: str | None = None
+    # why knobs that need a restart cannot be tuned here, and what to configure
+    restart_note: str | None = None
     data_dir: str | None
     ram_bytes: int | None
     cpus: int | None
     sandbox: bool
+    sandbox_limits: SandboxLimitsOut | None = None  # a sandbox's hardware profile
     server_version: str | None
+    # ram_bytes/cpus were cut to the server's cgroup limits (where they were read)
+    hardware_note: str | None = None
     busy_session_id: int | None
     created_at: datetime
     retired_at: datetime | None = None  # set: kept only for its sessions' history
+
+
+class TargetPatch(BaseModel):
+    """What may change on a registered target: the restart method it uses."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    restart_method: str | None = Field(
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$",
+        description="A configured restart method's name, or null for none.",
+    )
+
+
+class RestartMethodOut(BaseModel):
+    """A restart method a target may use (what it runs stays in the service's config)."""
+
+    name: str
+    kind: str
 
 
 class ScriptIn(BaseModel):
@@ -78,6 +251,9 @@ class ScriptIn(BaseModel):
     def _not_empty(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("script is empty: give at least one SQL statement")
+        # pgbench's \shell and \setshell would run on the service's host: every script
+        # is parsed and its meta-commands allowlisted, here, for every way in
+        check_script(v)
         return v
 
 
@@ -89,7 +265,11 @@ class WorkloadIn(BaseModel):
         description="pgbench's builtin script (tpcb-like, simple-update, select-only), or a "
         "built-in workload with its own data: tpch (TPC-H, scale = scale factor), tpcc "
         "(TPC-C, scale = warehouses), chbench (CH-benCHmark: TPC-C clients plus analytic "
-        "query clients on the same data, scale = warehouses).",
+        "query clients on the same data, scale = warehouses). Default: tpcb-like without "
+        "`scripts`; with `scripts`, none (your scripts only: name a builtin to mix it in). "
+        "scale, clients, jobs, duration_s and warmup_s default to the workload's own values "
+        "(pgbench: 10, 8, 2, 60, 5; tpch: scale factor 1, 1 client in power mode or 2 in "
+        "throughput mode, 120 s runs, 10 s warm-up).",
     )
     builtin_weight: int = Field(default=1, ge=1, le=1000)
     scripts: list[ScriptIn] | None = Field(default=None, max_length=20)
@@ -100,7 +280,12 @@ class WorkloadIn(BaseModel):
         description="pgbench's scale (a whole number), TPC-H's scale factor (0.01-10), or "
         "the warehouses of tpcc/chbench (a whole number).",
     )
-    init: bool = True
+    init: bool = Field(
+        default=True,
+        description="Create pgbench's tables (pgbench -i at `scale`) before the session. "
+        "Default: true with a pgbench builtin, false for your scripts only (they run on "
+        "your tables; give true when they use pgbench's).",
+    )
     clients: Annotated[int, Field(ge=1, le=1000)] | Literal["auto"] = Field(
         default=8,
         description='"auto": a client sweep first, then tune at its knee (the smallest count '
@@ -143,14 +328,51 @@ class WorkloadIn(BaseModel):
         le=1000,
         description="chbench: clients of the analytic stream (`clients` is the OLTP stream's).",
     )
+    replay: int | None = Field(
+        default=None,
+        ge=1,
+        description="Replay a captured workload as the benchmark: the capture's id. Each "
+        "run replays the capture's first duration_s * speed seconds, its sessions and "
+        "statements on their captured schedule, on a fresh copy of replay_database "
+        "(knobtune_replay, made again before every run). No builtin, scripts or rate.",
+    )
+    speed: float = Field(
+        default=1.0,
+        ge=0.1,
+        le=100.0,
+        description="A replay's speed: 2.0 replays the capture twice as fast.",
+    )
+    replay_database: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[^\x00]+$",
+        description="The database on the target that holds the data the capture started "
+        "from (restore the dump taken before the capture into it); copied before every "
+        "run, never written. Default: the capture's database.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkloadIn:
-        if self.builtin == "tpch" and "clients" not in self.model_fields_set:
-            # TPC-H's power test is one client; its throughput test at least two streams
-            self.clients = 1 if self.mode == "power" else 2
-        if "jobs" not in self.model_fields_set and isinstance(self.clients, int):
+        given = set(self.model_fields_set)
+        if self.replay is not None:
+            self._replay_only(given)
+        elif self.speed != 1.0 or self.replay_database is not None:
+            # (a stored request carries every field: only values that do something count)
+            raise ValueError("speed and replay_database apply to a replay: give replay too")
+        if "builtin" not in given and self.scripts:
+            # your scripts, and only them: TPC-B joins them only when asked for by name
+            self.builtin = None
+        # Every field the request left out takes the workload's own default (TPC-H's
+        # power test is one client, its throughput test two; pgbench's is 8).
+        for name, value in workload_defaults(self.builtin, self.mode).items():
+            if name not in given:
+                setattr(self, name, value)
+        if "jobs" not in given and isinstance(self.clients, int):
             self.jobs = min(self.jobs, self.clients)
+        if "warmup_s" not in given and "duration_s" in given:
+            # a default warm-up never eats a short run the user asked for
+            self.warmup_s = min(self.warmup_s, self.duration_s // 4)
         if isinstance(self.clients, int) and self.jobs > self.clients:
             raise ValueError(f"jobs ({self.jobs}) must not exceed clients ({self.clients})")
         if self.warmup_s >= self.duration_s:
@@ -158,7 +380,7 @@ class WorkloadIn(BaseModel):
                 f"warmup_s ({self.warmup_s}) must be less than duration_s ({self.duration_s}): "
                 "warm-up seconds are dropped from the samples"
             )
-        if self.builtin is None and not self.scripts:
+        if self.builtin is None and not self.scripts and self.replay is None:
             raise ValueError("give a builtin script or at least one SQL script")
         if self.builtin in BUILTIN_WORKLOADS:
             if self.scripts:
@@ -183,6 +405,29 @@ class WorkloadIn(BaseModel):
             )
         return self
 
+    def _replay_only(self, given: set[str]) -> None:
+        """A replay runs the capture's statements on its schedule: nothing of pgbench's."""
+        if self.builtin is not None and "builtin" in given:
+            raise ValueError("a replay runs the capture's statements: drop builtin")
+        if self.scripts:
+            raise ValueError("a replay runs the capture's statements: drop scripts")
+        if self.rate is not None:
+            raise ValueError("a replay runs on the capture's schedule: drop rate")
+        if self.clients == "auto":
+            raise ValueError(
+                'clients "auto" (a client sweep) does not apply to a replay: its sessions '
+                "are the capture's"
+            )
+        if self.init and "init" in given:
+            raise ValueError("a replay creates no pgbench tables: drop init")
+        if self.replay_database == REPLAY_DATABASE:
+            raise ValueError(
+                f"{REPLAY_DATABASE} is the copy knobtune makes before every run: name the "
+                "database that holds the capture's starting data"
+            )
+        self.builtin = None
+        self.init = False
+
 
 class KnobIn(BaseModel):
     """A knob to tune, optionally with narrower bounds (PostgreSQL syntax, e.g. '64MB')."""
@@ -206,8 +451,10 @@ class SessionIn(BaseModel):
     objective: ObjectiveName = Field(
         default="throughput",
         description="What a run's level is, from its transactions: throughput, latency_p95, "
-        "query_time_geomean (geometric mean of the mean time per query / transaction type) "
-        "or query_time_total (their sum). Times: lower is better.",
+        "query_time_geomean (geometric mean of the mean time per query / transaction type), "
+        "query_time_total (their sum) or latency_mean (the mean latency of the mix, each "
+        "query weighted by its share of calls). Times: lower is better. Default: throughput; "
+        "latency_mean for a replayed capture (its pace is the capture's).",
     )
     objective_stream: str | None = Field(
         default=None,
@@ -267,6 +514,9 @@ class SessionIn(BaseModel):
 
     @model_validator(mode="after")
     def _even_check(self) -> SessionIn:
+        if self.workload.replay is not None and "objective" not in self.model_fields_set:
+            # a replay runs on the capture's schedule: its throughput is the capture's
+            self.objective = "latency_mean"
         if self.final_check_runs % 2:
             raise ValueError(
                 f"final_check_runs must be even (runs alternate A B B A ...), "
@@ -314,7 +564,13 @@ class SessionOut(BaseModel):
     gain_ci: list[float] | None  # 95% interval of gain
     # what `gain` measures, in words: "throughput +12.0%", "query time -23.0%"
     gain_text: str | None = None
+    # the result in the objective's own units, one sign: "query time -23.0% (95% CI ...)"
+    headline: str | None = None
+    # one plain paragraph: what was found, how sure it is, what to do next
+    summary: str | None = None
+    target_name: str | None = None
     best_config: dict[str, str] | None
+    start_config: dict[str, str] | None = None  # the knobs' values the session started from
     live_tps: list[float]
     error: str | None
     attempts: int  # times a process started driving it (>1: resumed after a crash)
@@ -345,9 +601,17 @@ class TrialOut(BaseModel):
     drift: bool  # this run moved against the same config's previous run beyond the noise
     # per stream, from its transactions: tps, mean / p95 / p99 latency, transactions, failed
     streams: list[dict[str, Any]] = Field(default_factory=list)
+    # the run's level in the objective's unit for time objectives (ms: query time, p95);
+    # None for throughput (read samples.median_tps) or without evidence
+    level: float | None = None
     host: dict[str, Any]  # the service host's load while it ran (local targets)
     reason: str | None
+    # the server's counters over the run's measured window (differences): WAL bytes and
+    # full-page images, checkpoints, buffers written, blocks read and hit, temp files
     metrics: dict[str, Any]
+    # the same in one line, as the studies read iostat ("WAL 3.0 MB/s, FPI 40% | ckpt 0
+    # timed 1 req | ..."); None when the run measured none of them
+    io: str | None = None
     timings: dict[str, Any]
     error: str | None
     started_at: datetime
@@ -455,6 +719,129 @@ class SweepOut(BaseModel):
     cpu_visible: bool | None
     cpu_note: str | None
     max_connections: int | None
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class ApplyIn(BaseModel):
+    """Apply a finished session's recommendation to its target (issue 27)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dry_run: bool = Field(
+        default=False, description="Only show the diff against the server's current settings."
+    )
+    restart: bool = Field(
+        default=True,
+        description="Restart the server where a knob needs it and the target has a restart "
+        "method; false (or no method): such knobs are written and flagged as pending a "
+        "restart.",
+    )
+    force: bool = Field(
+        default=False,
+        description="Apply a gain that is not confirmed by the final check (unconfirmed or "
+        "not credible).",
+    )
+
+
+class RollbackIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dry_run: bool = Field(default=False, description="Only show what would be put back.")
+    confirm: bool = Field(
+        default=False,
+        description="Roll back although the server's settings changed since the apply (the "
+        "refusal lists what changed).",
+    )
+
+
+# none, the server will restart (dry run), it restarted, or a knob waits for a restart
+RestartOutcome = Literal["none", "will-restart", "restarted", "pending"]
+
+
+class KnobChange(BaseModel):
+    knob: str
+    current: str | None  # the server's value now (current_setting), None: unknown setting
+    new: str  # the value it gets: the recommendation (apply) or the value before (rollback)
+    session_start: str | None  # the value the session started from
+    needs_restart: bool  # pg_settings.context is postmaster
+    changes: bool  # recommended differs from current
+
+
+class KnobCheck(BaseModel):
+    knob: str
+    expected: str
+    effective: str | None  # current_setting() on a fresh connection after the change
+    ok: bool  # took effect (same value, units normalized)
+    pending_restart: bool
+
+
+class ApplyOut(BaseModel):
+    id: int | None  # None for a dry run (nothing recorded)
+    session_id: int
+    target_id: int
+    target_name: str
+    status: str  # dry-run, nothing-to-do, applied, failed, rolled-back
+    message: str  # one plain sentence: what happened and what to do next
+    changes: list[KnobChange]
+    restart: RestartOutcome
+    pending_restart: list[str]
+    verified: list[KnobCheck]
+    warnings: list[str]
+    # rollback: the server's settings that changed since the apply (name -> [after, now])
+    changed_since: dict[str, list[str | None]] = Field(default_factory=dict)
+    error: str | None = None
+    created_at: datetime | None = None
+    rolled_back_at: datetime | None = None
+
+
+# A capture's name: a letter first (an all-digit name would read as an id), then letters,
+# digits, _ . - (no path characters, no spaces).
+CAPTURE_NAME = r"^[A-Za-z][A-Za-z0-9_.\-]{0,99}$"
+CAPTURE_NAME_RULE = "a letter, then letters, digits, _ . - (at most 100)"
+
+
+class CaptureIn(BaseModel):
+    """A live capture: the target's statements logged for a while (issue 28)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    target_id: int
+    name: str = Field(
+        min_length=1, max_length=100, pattern=CAPTURE_NAME, description=CAPTURE_NAME_RULE
+    )
+    seconds: int = Field(
+        ge=10, le=7200, description="How long to log every statement, in seconds (10-7200)."
+    )
+    database: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        description="The database whose statements are kept (default: the target DSN's).",
+    )
+
+
+class CaptureOut(BaseModel):
+    """A capture as the API shows it: never a statement, only normalized query texts."""
+
+    id: int
+    name: str
+    source: str  # live, import
+    target_id: int | None
+    target_name: str | None = None
+    database: str
+    status: str
+    phase: str
+    seconds: int | None  # asked for (live captures)
+    elapsed_s: float | None
+    raw_bytes: int | None  # log text kept
+    stored_bytes: int | None  # compressed and encrypted, on disk
+    truncated: bool
+    summary: dict[str, Any] | None
+    summary_text: str  # the summary in plain words (what the CLI and the dashboard show)
+    notes: list[Any]
     error: str | None
     created_at: datetime
     started_at: datetime | None

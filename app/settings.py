@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import uuid
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
+
+from app.postgres.privilege import DEFAULT_RUN_AS
+from app.postgres.restart import METHOD_NAME, SANDBOX_METHOD, RestartMethod
 
 
 class Settings(BaseSettings):
@@ -27,18 +32,25 @@ class Settings(BaseSettings):
         description="When set, every /api route requires 'Authorization: Bearer <token>'.",
     )
     max_parallel_sessions: int = Field(
-        default=2, ge=1, description="Sessions run at once by this process."
+        default=2, ge=1, description="Sessions and sweeps run at once by this process."
     )
     lease_seconds: float = Field(
         default=30.0,
         gt=0,
-        description="A running session's lease; another process takes it over once it expires.",
+        description="A running session's or sweep's lease; another process takes it over "
+        "once it expires.",
     )
     poll_seconds: float = Field(
         default=2.0, gt=0, description="How often the claim loop looks for work."
     )
     work_dir: Path = Field(
         default=Path(".knobtune"), description="pgbench scripts and logs, managed sandboxes."
+    )
+    sandbox_dir: Path | None = Field(
+        default=None,
+        description="Where managed sandbox clusters live. Default: <work_dir>/sandboxes when "
+        "the postgres OS user can enter it, else a directory under the system's temp dir "
+        "(a service started in /root or a private directory still gets sandboxes).",
     )
     run_scheduler: bool = Field(
         default=True, description="Run sessions in this process (off: API only)."
@@ -47,9 +59,125 @@ class Settings(BaseSettings):
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
         description="Identifies this process in session leases.",
     )
+    bench_per_host: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="knobtune benchmarks that may run at once on targets sharing a host "
+        "(sandboxes and local servers are one host; a remote target's host is its DSN's). "
+        "1: one at a time, so sessions never measure each other; more only on hosts with "
+        "the cores for it (a session notes a run that waited for or ran beside another).",
+    )
+    bench_lock_dir: Path | None = Field(
+        default=None,
+        description="Where the host-wide benchmark locks live (flock files). Default: "
+        "<work_dir>/locks. Service processes on one host that should take turns share it.",
+    )
     target_retry_s: float = Field(
         default=60.0, ge=0, description="How long a session waits for a target that went down."
     )
+    restart_methods: dict[str, RestartMethod] = Field(
+        default_factory=dict,
+        description="How targets are restarted, declared by the operator only (JSON: name -> "
+        'method), e.g. {"db5": {"kind": "command", "argv": ["ssh", "db5", "sudo", '
+        '"pg_ctlcluster", "15", "main", "restart"]}}. Kinds: pg_ctl (data_dir), systemd '
+        "(unit), container (container, engine), command (argv, env). An API client picks "
+        "one by name (a target's restart_method); it never sends a command.",
+    )
+    run_as_user: str = Field(
+        default=DEFAULT_RUN_AS,
+        min_length=1,
+        description="OS user that pgbench and the restart methods run as when the service "
+        "runs as root (not root, not postgres). A dedicated user is better than nobody.",
+    )
+    secret_key: SecretStr | None = Field(
+        default=None,
+        description="Fernet key(s) that encrypt stored DSN passwords (comma-separated: the "
+        "first encrypts, all decrypt). Unset: generated into <work_dir>/secret.key (0600).",
+    )
+
+    @field_validator("restart_methods")
+    @classmethod
+    def _method_names(cls, v: dict[str, RestartMethod]) -> dict[str, RestartMethod]:
+        for name in v:
+            if not re.fullmatch(METHOD_NAME, name):
+                raise ValueError(f"restart method name {name!r}: use letters, digits, _ . -")
+            if name == SANDBOX_METHOD:
+                raise ValueError(f"{SANDBOX_METHOD!r} is reserved for managed sandboxes")
+        return v
+
+    @field_validator("secret_key")
+    @classmethod
+    def _empty_key_is_none(cls, v: SecretStr | None) -> SecretStr | None:
+        return v if v is not None and v.get_secret_value().strip() else None
+
+    # -- limits on what a client can make the service do (issue 25) ------------------
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default=["localhost", "127.0.0.1", "[::1]", "testserver"],
+        description="Host names the service answers to (the request's Host header, port "
+        "ignored), comma-separated; others get 400. Guards a service without a token "
+        "against DNS rebinding. The default fits a service reached on loopback ('testserver' "
+        "is the in-process CLI's and the tests' name); behind a reverse proxy, give the "
+        "name clients use (e.g. knobtune.example.com). '*' accepts any (not recommended).",
+    )
+    max_body_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        description="Largest request body accepted, in bytes; larger ones get 413 "
+        "(Content-Length, or counted as a chunked body streams in).",
+    )
+    target_connects: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Requests that may connect to targets at once (registering a target, "
+        "a session's preflight). More get 503 with Retry-After, so slow or unreachable "
+        "targets cannot take the threads that serve reads.",
+    )
+    auth_free_failures: int = Field(
+        default=5,
+        ge=1,
+        description="Wrong tokens a client address may present (at /login, in a Bearer "
+        "header or a cookie) before it is locked out: then 1 s, 2 s, 4 s ... up to "
+        "auth_lockout_max_s per further failure, answered with 429. Counted in memory, per "
+        "process; a right token resets it, 15 minutes without a failure forget it.",
+    )
+    auth_lockout_max_s: float = Field(
+        default=300.0, ge=1.0, description="Longest lockout after repeated wrong tokens."
+    )
+
+    # -- workload captures (issue 28) ---------------------------------------------------
+    capture_max_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=64 * 1024,
+        description="Largest captured log kept, in bytes of log text (64 MiB). A live capture "
+        "that reaches it stops collecting and is marked truncated; an import larger than "
+        "it (after gunzip) gets 413.",
+    )
+    max_parallel_captures: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Live captures driven at once by this process. A capture waits on its "
+        "target's log and loads no host, so it does not count against "
+        "max_parallel_sessions.",
+    )
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _host_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = [h.strip() for h in v.split(",")]
+        if isinstance(v, list):
+            v = [h for h in v if h]
+            if not v:
+                raise ValueError(
+                    "allowed_hosts is empty: give at least one host name, e.g. localhost"
+                )
+            for h in v:
+                if "*" in h[1:] or (h.startswith("*") and h != "*" and not h.startswith("*.")):
+                    raise ValueError(f"bad host pattern {h!r}: wildcards look like *.example.com")
+        return v
 
     # Paths are resolved once, here: pgbench runs with its run directory as its cwd and
     # the service may be started from anywhere, so nothing later may depend on the cwd.
@@ -57,6 +185,11 @@ class Settings(BaseSettings):
     @classmethod
     def _absolute_work_dir(cls, v: Path) -> Path:
         return v.expanduser().resolve()
+
+    @field_validator("sandbox_dir")
+    @classmethod
+    def _absolute_sandbox_dir(cls, v: Path | None) -> Path | None:
+        return v.expanduser().resolve() if v is not None else None
 
     @field_validator("database_url")
     @classmethod

@@ -14,16 +14,12 @@ from typing import Any
 
 from app.schemas import KnobIn, SessionIn, WorkloadIn
 from optimizer.catalogue import Hardware, default_knobs, knob_space
-from optimizer.descent import (
-    BudgetError,
-    Candidate,
-    CoordinateDescent,
-    Measurement,
-    check_budget,
-)
+from optimizer.counters import ServerCounters
+from optimizer.descent import Candidate, CoordinateDescent, Measurement
 from optimizer.evidence import Objective, StreamStat
 from optimizer.heuristic import db_type_for, pgtune
-from optimizer.knobs import Config, Knob, KnobError, KnobValueError, SettingRow
+from optimizer.knobs import Config, Knob, KnobError, KnobValueError, SettingRow, current_value
+from optimizer.settings import BudgetError, DescentSettings, check_budget
 
 
 class RequestError(ValueError):
@@ -38,7 +34,7 @@ def workload_kind(body: SessionIn) -> str:
     builtin_kinds = {"tpch": "analytics", "chbench": "mixed", "tpcc": "write-heavy"}
     if wl.builtin in builtin_kinds:
         return builtin_kinds[wl.builtin]
-    if wl.scripts:
+    if wl.scripts or wl.replay is not None:  # a replayed capture: the user's own mix
         return "mixed"
     return "read-heavy" if wl.builtin == "select-only" else "write-heavy"
 
@@ -79,11 +75,11 @@ def build_space(body: SessionIn, rows: Mapping[str, SettingRow], hw: Hardware) -
     by_name = {k.name: k for k in space}
     for entry in entries:
         if isinstance(entry, KnobIn) and (entry.min is not None or entry.max is not None):
-            by_name[entry.name] = _user_bounds(by_name[entry.name], entry)
+            by_name[entry.name] = _user_bounds(by_name[entry.name], entry, rows.get(entry.name))
     return [by_name[n] for n in names]
 
 
-def _user_bounds(knob: Knob, entry: KnobIn) -> Knob:
+def _user_bounds(knob: Knob, entry: KnobIn, row: SettingRow | None = None) -> Knob:
     if knob.kind not in ("integer", "real"):
         raise RequestError(f"{knob.name} is a {knob.kind} knob: min/max do not apply")
     try:
@@ -101,7 +97,42 @@ def _user_bounds(knob: Knob, entry: KnobIn) -> Knob:
         )
     if lo > hi:
         raise RequestError(f"{knob.name}: min {entry.min} is above max {entry.max}")
+    cur = current_value(knob, row) if row is not None else None
+    if cur is not None and knob.lower <= cur <= knob.upper:
+        # the server's own value stays in the range: the walk starts from it, measured, and
+        # steps into the requested bounds (session_optimizer notes it)
+        lo, hi = min(lo, cur), max(hi, cur)
     return dataclasses.replace(knob, lower=float(lo), upper=float(hi))
+
+
+def outside_bounds_notes(
+    body: SessionIn, rows: Mapping[str, SettingRow], space: Sequence[Knob]
+) -> list[str]:
+    """Notes for knobs whose requested min/max leave out the server's own value."""
+    notes: list[str] = []
+    by_name = {k.name: k for k in space}
+    for entry in body.knobs or ():
+        if not isinstance(entry, KnobIn) or (entry.min is None and entry.max is None):
+            continue
+        knob, row = by_name.get(entry.name), rows.get(entry.name)
+        if knob is None or row is None:
+            continue
+        cur = current_value(knob, row)
+        lo = knob.parse(entry.min) if entry.min is not None else None
+        hi = knob.parse(entry.max) if entry.max is not None else None
+        if (
+            cur is None
+            or not isinstance(lo, float | int | None)
+            or not isinstance(hi, float | int | None)
+        ):
+            continue
+        if (lo is not None and cur < lo) or (hi is not None and cur > hi):
+            notes.append(
+                f"{knob.name}: the server's value {knob.format(cur)} lies outside the requested "
+                f"{entry.min or ''}..{entry.max or ''}; the baseline measures it and the walk "
+                "steps from it into the range (a value is never replaced without a run)"
+            )
+    return notes
 
 
 def canonical(knob: Knob, text: str) -> str:
@@ -111,7 +142,7 @@ def canonical(knob: Knob, text: str) -> str:
 def hints_for(body: SessionIn, space: Sequence[Knob], hw: Hardware) -> Config | None:
     """PGTune-style values to try first, when starting from the server's current values.
 
-    A rule of thumb is the baseline to beat (DESIGN.md); tried first, its large effect is
+    A rule of thumb is the baseline to beat (docs/architecture.md); tried first, its large effect is
     proven in a few runs and the walk refines it (bench/optimizer.py: 98/98/96% of the
     optimum with hints vs 93/82/92% without, at 40 runs).
     """
@@ -130,21 +161,34 @@ def start_config(
     kind = workload_kind(body)
     heuristic = pgtune(hw, db_type_for(kind)) if body.start == "heuristic" else {}
     for knob in space:
-        text = heuristic.get(knob.name) or effective.get(knob.name) or knob.default
+        own = effective.get(knob.name)
+        text = heuristic.get(knob.name) or own or knob.default
         value = knob.parse(text)
-        if isinstance(value, float | int):
+        if isinstance(value, float | int) and text != own:
+            # a rule of thumb or a default is clamped to the range; the server's own value
+            # never is (the range holds it: optimizer.knobs.narrow, _user_bounds)
             value = min(max(value, knob.lower), knob.upper)
         config[knob.name] = knob.format(value)
     return config
 
 
 def make_optimizer(
-    body: SessionIn, space: Sequence[Knob], start: Config, seed: int, hints: Config | None = None
+    body: SessionIn,
+    space: Sequence[Knob],
+    start: Config,
+    seed: int,
+    hints: Config | None = None,
+    server: Mapping[str, str] | None = None,
 ) -> CoordinateDescent:
+    """``server``: the target's effective settings (the checkpoint rule reads those outside
+    the space)."""
+    return CoordinateDescent(space, start, descent_settings(body, seed), hints=hints, server=server)
+
+
+def descent_settings(body: SessionIn, seed: int) -> DescentSettings:
+    """The descent's settings from a session request (the rest keep their defaults)."""
     wl = body.workload
-    return CoordinateDescent(
-        space,
-        start,
+    return DescentSettings(
         seed=seed,
         objective=objective_of(body),
         min_gain=body.min_gain,
@@ -152,8 +196,8 @@ def make_optimizer(
         max_trials=body.max_trials,
         max_benchmark_s=body.time_budget_s,
         run_seconds=float(wl.duration_s - wl.warmup_s),
+        warmup_seconds=float(wl.warmup_s),
         max_passes=body.max_passes,
-        hints=hints,
         final_runs=body.final_check_runs,
         evidence=body.evidence,
     )
@@ -187,7 +231,9 @@ def gain_text(objective: str, gain: float | None) -> str | None:
     if objective == "throughput":
         return f"throughput {gain:+.1%}"
     what = "p95 latency" if objective == "latency_p95" else "query time"
-    if objective == "query_time_geomean":
+    if objective == "latency_mean":
+        what = "mean latency"
+    elif objective == "query_time_geomean":
         what = "query time (geometric mean)"
     elif objective == "query_time_total":
         what = "query time (total)"
@@ -228,7 +274,12 @@ class Built:
 
 
 def session_optimizer(
-    body: SessionIn, stored: Mapping[str, Any], seed: int, *, can_restart: bool
+    body: SessionIn,
+    stored: Mapping[str, Any],
+    seed: int,
+    *,
+    can_restart: bool,
+    no_restart: str = "the target has no restart method",
 ) -> Built:
     """A session's optimizer from its stored request and snapshot data (``sessions.snapshot``).
 
@@ -239,12 +290,26 @@ def session_optimizer(
     hw = hardware_from(stored["hardware"]["ram_bytes"], stored["hardware"]["cpus"])
     space = build_space(body, rows, hw)
     start = start_config(body, space, stored["target"]["effective"], hw)
-    opt = make_optimizer(body, space, start, seed, hints_for(body, space, hw))
-    notes: list[str] = []
+    own = stored["target"]["effective"]
+    opt = make_optimizer(body, space, start, seed, hints_for(body, space, hw), server=own)
+    notes: list[str] = outside_bounds_notes(body, rows, space)
+    if body.start == "heuristic":
+        moved = [
+            f"{k.name} {own[k.name]} -> {start[k.name]}"
+            for k in space
+            if k.name in own and canonical(k, own[k.name]) != start[k.name]
+        ]
+        if moved:
+            notes.append(
+                "start: heuristic: PGTune-style values replace the server's own ("
+                + ", ".join(moved)
+                + "); the baseline and every gain are measured against them, not against "
+                "the server's config"
+            )
     if not can_restart:
         for knob in space:
             if knob.needs_restart:
-                reason = "needs a restart and the target has no restart_command"
+                reason = f"needs a restart and {no_restart}"
                 opt.exclude(knob.name, reason)
                 notes.append(f"{knob.name} skipped: {reason}")
     return Built(opt, space, start, notes, hw)
@@ -258,8 +323,10 @@ def measurement(
     p99: float | None = None,
     error: str | None = None,
     streams: Sequence[StreamStat] = (),
+    metrics: Mapping[str, Any] | None = None,
 ) -> Measurement:
-    """A run for the optimizer; with ``streams`` its level comes from the transactions."""
+    """A run for the optimizer; with ``streams`` its level comes from the transactions;
+    ``metrics``: the server's counters over the run (a trial's ``metrics``)."""
     return Measurement(
         samples=tuple(samples),
         latency_p95_ms=p95,
@@ -268,6 +335,7 @@ def measurement(
         failed=error is not None,
         error=error,
         streams=tuple(streams) if error is None else (),
+        counters=ServerCounters.from_metrics(metrics) if error is None else None,
     )
 
 

@@ -1,1 +1,1 @@
-"""REST API routers, mounted under /api/v1."""
+"""The REST API (/api/v1): a router per domain (targets, sessions, schedules, sweeps, knobs)."""

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import secrets
+import threading
+import time
+from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+from cachetools import TTLCache
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.db import Database
-from app.scheduler import Scheduler
+from app.jobs.scheduler import Scheduler
 from app.settings import Settings
 
 # Set by the dashboard's /login form; same-origin fetches of the dashboard's JS send it.
@@ -47,11 +52,88 @@ def token_ok(settings: Settings, given: str) -> bool:
     return secrets.compare_digest(given.encode(), token.get_secret_value().encode())
 
 
+@dataclass
+class _Failures:
+    count: int = 0
+    last: float = 0.0
+    locked_until: float = 0.0
+
+
+class AuthThrottle:
+    """Wrong tokens per client address: a few free, then an exponential lockout.
+
+    In memory and per process (a restart forgets it). After ``free`` wrong tokens from
+    one address, each further one locks the address for 1 s, 2 s, 4 s, ... up to
+    ``max_lockout_s``; while locked, every token it presents gets 429 without being
+    checked, so guessing runs at most about one try per ``max_lockout_s``. A right token
+    resets the count; ``window_s`` without a failure forgets it. Behind a reverse proxy
+    every client has the proxy's address and shares one count.
+    """
+
+    def __init__(self, free: int, max_lockout_s: float, window_s: float = 900.0) -> None:
+        self.free, self.max_lockout_s, self.window_s = free, max_lockout_s, window_s
+        self._lock = threading.Lock()
+        # bounded: many addresses cannot grow it without limit
+        self._seen: TTLCache[str, _Failures] = TTLCache(maxsize=10_000, ttl=window_s)
+
+    def retry_after(self, address: str) -> float:
+        """Seconds until ``address`` may present a token again (0: now)."""
+        with self._lock:
+            f = self._seen.get(address)
+            return max(0.0, f.locked_until - time.monotonic()) if f else 0.0
+
+    def failed(self, address: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            f = self._seen.get(address) or _Failures()
+            if now - f.last > self.window_s:
+                f = _Failures()
+            f.count, f.last = f.count + 1, now
+            if f.count > self.free:
+                f.locked_until = now + min(2.0 ** (f.count - self.free - 1), self.max_lockout_s)
+            self._seen[address] = f
+
+    def succeeded(self, address: str) -> None:
+        with self._lock:
+            self._seen.pop(address, None)
+
+
+def client_address(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+def authenticate(request: Request, given: str) -> bool:
+    """Whether ``given`` is the service's token, counting wrong ones per client address.
+
+    Raises HTTPException(429) while the address is locked out (AuthThrottle). Without a
+    token configured everything is allowed; an empty ``given`` is no guess and not counted.
+    """
+    settings = get_settings(request)
+    if settings.api_token is None:
+        return True
+    if not given:
+        return False
+    throttle: AuthThrottle = request.app.state.auth_throttle
+    address = client_address(request)
+    wait = throttle.retry_after(address)
+    if wait > 0:
+        raise HTTPException(
+            status_code=429,
+            detail=f"too many wrong tokens from this address: retry in {math.ceil(wait)} s",
+            headers={"Retry-After": str(math.ceil(wait))},
+        )
+    if token_ok(settings, given):
+        throttle.succeeded(address)
+        return True
+    throttle.failed(address)
+    return False
+
+
 def is_authorized(
     request: Request,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> bool:
-    return token_ok(get_settings(request), presented_token(request, creds))
+    return authenticate(request, presented_token(request, creds))
 
 
 def require_token(ok: Annotated[bool, Depends(is_authorized)]) -> None:
@@ -67,3 +149,12 @@ def require_token(ok: Annotated[bool, Depends(is_authorized)]) -> None:
 DB = Annotated[Database, Depends(get_db)]
 AppSettings = Annotated[Settings, Depends(get_settings)]
 Sched = Annotated[Scheduler | None, Depends(get_scheduler)]
+
+
+def api_router(tag: str) -> APIRouter:
+    """A domain's router under /api/v1, behind the token guard.
+
+    Plain `def` routes: their work is sync (psycopg, SQLAlchemy), so FastAPI runs them in
+    its thread pool and the event loop never blocks.
+    """
+    return APIRouter(prefix="/api/v1", dependencies=[Depends(require_token)], tags=[tag])

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import threading
+from typing import Any
 
 from psycopg.conninfo import conninfo_to_dict
+
+from app.postgres.privilege import child_env
 
 MASK = "***"
 
@@ -75,15 +80,70 @@ def password_of(dsn: str) -> str | None:
     return str(pw) if pw else None
 
 
+# Every password this process has seen in a stored DSN (app.models decrypts them through
+# remember()): scrub() masks all of them, not only the one of the DSN at hand, so one
+# target's error can never carry another's password.
+_known: set[str] = set()
+_known_lock = threading.Lock()
+_known_sorted: tuple[str, ...] = ()
+# Shorter passwords would garble ordinary words in every message; they are masked only
+# where their own DSN is known (scrub's ``dsn``).
+_MIN_KNOWN = 4
+
+
+def remember(dsn: str) -> None:
+    """Note ``dsn``'s password so that every later scrub() masks it."""
+    pw = password_of(dsn)
+    if not pw or len(pw) < _MIN_KNOWN or pw in _known:
+        return
+    global _known_sorted
+    with _known_lock:
+        _known.add(pw)
+        _known_sorted = tuple(sorted(_known, key=len, reverse=True))
+
+
+def scrub_known(text: str) -> str:
+    """``text`` with every known password masked (longest first)."""
+    for pw in _known_sorted:
+        if pw in text:
+            text = text.replace(pw, MASK)
+    return text
+
+
 def scrub(text: str, dsn: str) -> str:
-    """``text`` with the DSN and its password masked wherever they appear."""
+    """``text`` with the DSN, its password and every other known password masked."""
     masked = mask_dsn(dsn)
     if dsn and masked != dsn:
         text = text.replace(dsn, masked)
     pw = password_of(dsn)
     if pw:
         text = text.replace(pw, MASK)
-    return text
+    return scrub_known(text)
+
+
+# Parameters that make libpq use a file of the host it runs on as the client's identity
+# or secrets. Given by an API client they would make the service (root, perhaps) log in
+# with the host's password, service file or client key on the client's behalf (to a
+# server of the client's choice): only the operator may name such files. CA certificates
+# and revocation lists (sslrootcert, sslcrl) are public material and stay allowed.
+HOST_FILE_PARAMS = ("passfile", "service", "sslcert", "sslkey")
+
+
+def check_client_dsn(dsn: str) -> None:
+    """Raise ValueError when a client's DSN names files of the service's host."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except Exception as exc:  # psycopg.ProgrammingError: the message names the problem
+        raise ValueError(
+            f"invalid connection string {mask_dsn(dsn)}: {scrub(str(exc), dsn)}"
+        ) from None
+    named = [k for k in HOST_FILE_PARAMS if params.get(k)]
+    if named:
+        raise ValueError(
+            f"the connection string names files on the service's host ({', '.join(named)}): "
+            "an API client may not; give the password in the DSN (it is stored encrypted), "
+            "or ask the operator to register the target"
+        )
 
 
 def libpq_env(dsn: str, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -91,9 +151,10 @@ def libpq_env(dsn: str, base: dict[str, str] | None = None) -> dict[str, str]:
 
     Inherited PG* variables that a DSN could set are dropped first, so the
     child connects exactly where the DSN says, and the password travels in
-    PGPASSWORD instead of the command line.
+    PGPASSWORD instead of the command line. Without ``base`` the child starts from a
+    minimal environment (app/postgres/privilege.py), never the service's own.
     """
-    env = dict(os.environ if base is None else base)
+    env = dict(child_env() if base is None else base)
     for name in LIBPQ_ENV.values():
         env.pop(name, None)
     for key, value in conninfo_to_dict(dsn).items():
@@ -118,3 +179,35 @@ def is_local(dsn: str) -> bool:
 def _loopback(host: str) -> bool:
     host = host.strip()
     return host in _LOOPBACK or host.startswith("127.")
+
+
+_log_scrub_installed = False
+
+
+def install_log_scrub() -> None:
+    """Mask every known password in every log record of this process (idempotent).
+
+    The record factory formats the message at once, scrubbed, and does the same for an
+    exception's text, so no handler or formatter can print a password that a message,
+    its arguments or a traceback carried.
+    """
+    global _log_scrub_installed
+    if _log_scrub_installed:
+        return
+    previous = logging.getLogRecordFactory()
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        if not _known_sorted:
+            return record
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string: leave it to the handler to report
+            return record
+        record.msg, record.args = scrub_known(message), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = scrub_known(logging.Formatter().formatException(record.exc_info))
+        return record
+
+    logging.setLogRecordFactory(factory)
+    _log_scrub_installed = True

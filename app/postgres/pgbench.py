@@ -1,4 +1,4 @@
-"""pgbench runner: data init, a run with live per-second samples, parsers of its output.
+"""pgbench runner: data init, a run with live per-second samples (process control).
 
 A run never raises for pgbench's own failures (aborted clients, lost connection,
 pgbench missing or killed, unwritable log directory): it returns a failed
@@ -8,10 +8,9 @@ unwritable) that no other config can fix: a tuning loop should stop on them.
 Connection parameters reach pgbench through libpq environment variables, so a
 password is never on a command line; messages are scrubbed of it too.
 
-Latency percentiles come from pgbench's per-transaction log (``--log``), never
-from averages: the aggregate log only has per-interval sums. The log is also kept as
-arrays (:class:`TxLog`: client, transaction number, script, start, latency of every
-transaction) for per-transaction evidence (app/evidence.py).
+Its output is read by app/postgres/pgbench_output.py (progress lines, summary,
+per-transaction log): latency percentiles come from the per-transaction log, never from
+averages.
 """
 
 from __future__ import annotations
@@ -25,22 +24,37 @@ import queue
 import re
 import shutil
 import signal
+import site
 import subprocess
+import sys
+import sysconfig
 import tempfile
 import threading
 import time
 import uuid
-from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
-import numpy as np
 import psycopg
+from psycopg.conninfo import make_conninfo
 
+from app.postgres import privilege
 from app.postgres.dsn import libpq_env, mask_dsn, scrub
+from app.postgres.errors import bounded
+from app.postgres.pgbench_output import (
+    ProgressSample,
+    Summary,
+    TxLog,
+    latency_stats,
+    parse_progress_line,
+    parse_summary,
+    read_tx_log,
+)
 from app.postgres.sandbox import INSTALL_HINT, PostgresNotInstalled, find_bindir
+from app.postgres.scripts import ScriptError, check_script
+from app.replay.plan import ReplayRun
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +68,11 @@ FULL_LOG_SECONDS = 60
 # Stopping: SIGINT at once (pgbench dies on it), SIGTERM after 1 s, SIGKILL after 2 s.
 _STOP_SIGNALS = ((0.0, signal.SIGINT), (1.0, signal.SIGTERM), (2.0, signal.SIGKILL))
 _FINISH_GRACE_S = 60.0  # beyond -T: connection setup, vacuum, final report
+# The replay player (app/replay/player.py) runs instead of pgbench for a replay stream:
+# the project's root must be importable by the unprivileged user it runs as.
+PLAYER_MODULE = "app.replay.player"
+PLAYER_PYTHON_ENV = "KNOBTUNE_PLAYER_PYTHON"  # the interpreter that runs it (see find_player)
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 class PgbenchError(RuntimeError):
@@ -79,18 +98,32 @@ class BenchSpec:
     max_tries: int = 1  # --max-tries: retries of serialization failures and deadlocks
     isolation: str | None = None  # default_transaction_isolation of its sessions (PGOPTIONS)
     connect_per_transaction: bool = False  # -C: a new connection for every transaction
+    # a captured workload's replay (app/replay/): the player runs instead of pgbench, its
+    # plan goes to its stdin (never to a file); builtin, scripts and rate do not apply
+    replay: ReplayRun | None = None
+
+    def stdin(self) -> bytes | None:
+        """What the program reads on its stdin (the replay's plan), or None."""
+        return self.replay.plan if self.replay is not None else None
 
     def validate(self) -> None:
         """Raise ValueError naming what to change."""
+        if self.replay is not None:
+            self._validate_replay()
+            return
         if self.builtin is not None and self.builtin not in BUILTINS:
             raise ValueError(
                 f"unknown builtin {self.builtin!r}; choose one of {', '.join(BUILTINS)}"
             )
         if self.builtin is None and not self.scripts:
             raise ValueError("give a builtin script or at least one SQL script")
-        for sql_text, weight in self.scripts or []:
+        for i, (sql_text, weight) in enumerate(self.scripts or []):
             if not sql_text.strip():
                 raise ValueError("a script is empty")
+            try:
+                check_script(sql_text)  # defence in depth: no \shell reaches pgbench
+            except ScriptError as exc:
+                raise ValueError(f"script {i}: {exc}") from None
             if weight < 1:
                 raise ValueError(f"script weights must be >= 1, got {weight}")
         if self.builtin_weight < 1:
@@ -119,315 +152,31 @@ class BenchSpec:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise ValueError(f"pgbench variable name {name!r} is not a plain identifier")
 
+    def _validate_replay(self) -> None:
+        assert self.replay is not None
+        if self.builtin is not None or self.scripts:
+            raise ValueError("a replay runs its captured statements: no builtin or scripts")
+        if self.rate is not None:
+            raise ValueError("a replay runs on the capture's schedule: no rate")
+        if not (math.isfinite(self.replay.speed) and 0 < self.replay.speed <= 1000):
+            raise ValueError("the replay's speed must be in (0, 1000]")
+        if not self.replay.database:
+            raise ValueError("a replay needs the database it runs in")
+        if self.clients < 1:
+            raise ValueError("clients must be >= 1")
+        if self.duration_s < 1:
+            raise ValueError("duration_s must be >= 1")
+        if not 0 <= self.warmup_s < self.duration_s:
+            raise ValueError("warmup_s must be >= 0 and less than duration_s")
+        if self.log_sampling is not None and not 0 < self.log_sampling <= 1:
+            raise ValueError("log_sampling must be in (0, 1]")
+
     def sampling_rate(self) -> float:
         if self.log_sampling is not None:
             return self.log_sampling
         if self.duration_s <= FULL_LOG_SECONDS:
             return 1.0
         return max(0.01, FULL_LOG_SECONDS / self.duration_s)
-
-
-# -- parsers ---------------------------------------------------------------------
-_F = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+|nan|inf)"
-_PROGRESS = re.compile(
-    rf"^progress: (?P<t>{_F}) s, (?P<tps>{_F}) tps, lat (?P<lat>{_F}) ms"
-    rf"(?: stddev (?P<sd>{_F}))?"
-    r"(?:, (?P<failed>\d+) failed)?"  # 15+
-    rf"(?:, lag (?P<lag>{_F}) ms)?"  # with -R
-    r"(?:, (?P<skipped>\d+) skipped)?"  # with -R and -L
-    r"(?:, (?P<retried>\d+) retried, (?P<retries>\d+) retries)?$",  # 15+ with --max-tries
-    re.IGNORECASE,
-)
-
-
-@dataclass(frozen=True)
-class ProgressSample:
-    """One ``progress:`` line: the interval that ended at ``time_s`` since the start."""
-
-    time_s: float
-    tps: float
-    latency_ms: float | None  # None when the interval had no transaction
-    stddev_ms: float | None
-    failed: int | None = None  # 15+
-    lag_ms: float | None = None
-    skipped: int | None = None
-    retried: int | None = None
-    retries: int | None = None
-
-
-def _finite(text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        v = float(text)
-    except ValueError:
-        return None
-    return v if math.isfinite(v) else None
-
-
-def parse_progress_line(line: str) -> ProgressSample | None:
-    """A ``progress:`` line of pgbench 9.5-17 (also with --progress-timestamp); else None."""
-    m = _PROGRESS.match(line.strip())
-    if not m:
-        return None
-    t = _finite(m.group("t"))
-    if t is None:
-        return None
-    # tps cannot really be nan (it is count/elapsed); treat garbage as an empty interval.
-    tps = _finite(m.group("tps")) or 0.0
-    lat = _finite(m.group("lat"))
-    if tps <= 0:
-        lat = None  # old versions print 0 or nan for an interval without transactions
-    return ProgressSample(
-        time_s=t,
-        tps=max(tps, 0.0),
-        latency_ms=lat,
-        stddev_ms=_finite(m.group("sd")) if lat is not None else None,
-        failed=int(m.group("failed")) if m.group("failed") else None,
-        lag_ms=_finite(m.group("lag")),
-        skipped=int(m.group("skipped")) if m.group("skipped") else None,
-        retried=int(m.group("retried")) if m.group("retried") else None,
-        retries=int(m.group("retries")) if m.group("retries") else None,
-    )
-
-
-@dataclass
-class Summary:
-    """pgbench's final report (stdout). Fields it did not print stay None."""
-
-    transaction_type: str | None = None
-    scale: int | None = None
-    query_mode: str | None = None
-    clients: int | None = None
-    threads: int | None = None
-    max_tries: int | None = None
-    duration_s: int | None = None
-    transactions: int | None = None
-    transactions_planned: int | None = None  # -t runs: "processed: 10000/10000"
-    failed: int | None = None  # 15+
-    skipped: int | None = None
-    retried: int | None = None
-    retries: int | None = None
-    latency_avg_ms: float | None = None
-    latency_stddev_ms: float | None = None
-    initial_connection_ms: float | None = None  # 14+
-    tps: float | None = None  # without initial connection time / excluding connections
-    tps_including_connections: float | None = None  # 13 and older
-    aborted: bool = False
-
-
-def _int(m: re.Match[str] | None, group: int = 1) -> int | None:
-    if m is None or m.group(group) is None:
-        return None
-    try:
-        return int(m.group(group))
-    except ValueError:
-        return None
-
-
-def _search(pattern: str, text: str) -> re.Match[str] | None:
-    return re.search(pattern, text, re.MULTILINE)
-
-
-def parse_summary(text: str) -> Summary:
-    """Read pgbench's final report (13-17 formats). Never raises; unknown text gives Nones."""
-    s = Summary()
-    m = _search(r"^transaction type: (.+?)\s*$", text)
-    s.transaction_type = m.group(1) if m else None
-    s.scale = _int(_search(r"^scaling factor: (\d+)", text))
-    m = _search(r"^query mode: (\w+)", text)
-    s.query_mode = m.group(1) if m else None
-    s.clients = _int(_search(r"^number of clients: (\d+)", text))
-    s.threads = _int(_search(r"^number of threads: (\d+)", text))
-    s.max_tries = _int(_search(r"^maximum number of tries: (\d+)", text))
-    s.duration_s = _int(_search(r"^duration: (\d+) s", text))
-    m = _search(r"^number of transactions actually processed: (\d+)(?:/(\d+))?", text)
-    s.transactions = _int(m)
-    s.transactions_planned = _int(m, 2)
-    s.failed = _int(_search(r"^number of failed transactions: (\d+)", text))
-    s.skipped = _int(_search(r"^number of transactions skipped: (\d+)", text))
-    s.retried = _int(_search(r"^number of transactions retried: (\d+)", text))
-    s.retries = _int(_search(r"^total number of retries: (\d+)", text))
-    m = _search(rf"^latency average\s*[=:]\s*({_F}) ms", text)
-    s.latency_avg_ms = _finite(m.group(1)) if m else None
-    m = _search(rf"^latency stddev\s*[=:]\s*({_F}) ms", text)
-    s.latency_stddev_ms = _finite(m.group(1)) if m else None
-    m = _search(rf"^initial connection time\s*=\s*({_F}) ms", text)
-    s.initial_connection_ms = _finite(m.group(1)) if m else None
-    for m in re.finditer(rf"^tps\s*=\s*({_F}) \(([^)]*)\)", text, re.MULTILINE):
-        kind = m.group(2)
-        if "including" in kind:
-            s.tps_including_connections = _finite(m.group(1))
-        elif s.tps is None:  # "without initial connection time" / "excluding connections ..."
-            s.tps = _finite(m.group(1))
-    s.aborted = "Run was aborted" in text
-    return s
-
-
-@dataclass(frozen=True)
-class LogEntry:
-    """One line of pgbench's per-transaction log."""
-
-    end_s: float  # epoch seconds when the transaction ended
-    latency_ms: float | None  # None for failed / skipped transactions
-    failed: bool = False
-    skipped: bool = False
-    client: int = 0
-    txno: int = 0  # the client's transaction number (from 1)
-    script: int = 0  # pgbench's script number (-b first, then each -f, in order)
-
-
-def parse_log_line(line: str) -> LogEntry | None:
-    """``client_id transaction_no time script_no time_epoch time_us [lag] [retries]``."""
-    parts = line.split()
-    if len(parts) < 6:
-        return None
-    try:
-        end = int(parts[4]) + int(parts[5]) / 1e6
-        client, txno, script = int(parts[0]), int(parts[1]), int(parts[3])
-    except ValueError:
-        return None
-    if parts[2] in ("failed", "skipped"):
-        return LogEntry(
-            end,
-            None,
-            failed=parts[2] == "failed",
-            skipped=parts[2] == "skipped",
-            client=client,
-            txno=txno,
-            script=script,
-        )
-    try:
-        lat_us = float(parts[2])
-    except ValueError:
-        return None
-    if not math.isfinite(lat_us) or lat_us < 0:
-        return None
-    return LogEntry(end, lat_us / 1000.0, client=client, txno=txno, script=script)
-
-
-@dataclass
-class LatencyStats:
-    mean_ms: float | None = None
-    p95_ms: float | None = None
-    p99_ms: float | None = None
-    p95_per_second: dict[int, float] = field(default_factory=dict)  # second index (1-based)
-    logged: int = 0
-    failed: int = 0
-
-
-@dataclass(frozen=True)
-class TxLog:
-    """A run's per-transaction log as arrays, one entry per completed transaction.
-
-    ``start_s`` counts from the start of the run's first transaction; failed transactions
-    (after pgbench's retries) have no latency: their script and end time are kept apart.
-    """
-
-    client: np.ndarray
-    txno: np.ndarray
-    script: np.ndarray
-    start_s: np.ndarray
-    latency_ms: np.ndarray
-    failed_script: np.ndarray
-    failed_end_s: np.ndarray
-
-    @classmethod
-    def empty(cls) -> TxLog:
-        z = np.zeros(0)
-        return cls(z, z, z, z, z, z, z)
-
-    def __len__(self) -> int:
-        return int(self.latency_ms.size)
-
-
-def _tx_log(cols: np.ndarray) -> TxLog:
-    """Columns ``client txno latency_us script epoch us`` (failed: -inf, skipped: nan)."""
-    lat_us, ends = cols[:, 2], cols[:, 4] + cols[:, 5] / 1e6
-    ok = np.isfinite(lat_us) & (lat_us >= 0) & np.isfinite(ends)
-    bad = np.isneginf(lat_us) & np.isfinite(ends)
-    lat_ms = lat_us[ok] / 1000.0
-    starts = ends[ok] - lat_ms / 1000.0
-    t0 = float(np.min(starts)) if starts.size else (float(np.min(ends[bad])) if bad.any() else 0.0)
-    return TxLog(
-        client=cols[ok, 0].astype(np.int64),
-        txno=cols[ok, 1].astype(np.int64),
-        script=cols[ok, 3].astype(np.int64),
-        start_s=starts - t0,
-        latency_ms=lat_ms,
-        failed_script=cols[bad, 3].astype(np.int64),
-        failed_end_s=ends[bad] - t0,
-    )
-
-
-def _log_columns(text: str) -> TxLog | None:
-    """The :class:`TxLog` of a well-formed log, parsed in C.
-
-    pgbench writes every line of a run with the same fields. Parsing them one by one in
-    Python held the GIL for ~0.5 s per 150,000 lines, at the end of every run, while the
-    service answered pollers (bench/api_load.py); numpy's loadtxt takes a quarter of that.
-    None when the text is not like that (a torn last line, garbage): the per-line parser
-    takes over.
-    """
-    if not text.strip():
-        return None
-    marked = text.replace("failed", "-inf").replace("skipped", "nan")
-    try:
-        cols = np.loadtxt(io.StringIO(marked), dtype=np.float64, ndmin=2)
-    except ValueError:
-        return None
-    if cols.shape[1] < 6:
-        return None
-    return _tx_log(cols)
-
-
-def _log_lines(text: str) -> TxLog:
-    """Like :func:`_log_columns`, line by line, skipping what is not a log line."""
-    rows = array("d")
-    for line in text.splitlines():
-        e = parse_log_line(line)
-        if e is None or e.skipped:
-            continue
-        lat = -math.inf if e.latency_ms is None else e.latency_ms * 1000.0
-        end_s = math.floor(e.end_s)
-        rows.extend((e.client, e.txno, lat, e.script, end_s, round((e.end_s - end_s) * 1e6)))
-    cols = np.frombuffer(rows, dtype=np.float64).reshape(-1, 6)
-    return _tx_log(cols) if cols.size else TxLog.empty()
-
-
-def read_tx_log(lines: Iterable[str]) -> TxLog:
-    """The per-transaction log of a run from its lines, or whole log files' texts."""
-    text = "\n".join(lines)
-    return _log_columns(text) or _log_lines(text)
-
-
-def latency_stats(lines: Iterable[str] | TxLog, warmup_s: float) -> LatencyStats:
-    """Percentiles of per-transaction latencies after the warm-up, overall and per second.
-
-    ``lines``: the log's lines, or whole log files' texts (or the log already read).
-    Second k (1-based) holds transactions that ended in (k-1, k] seconds after the first
-    transaction started, matching pgbench's ``progress: k.0 s`` interval.
-    """
-    log = lines if isinstance(lines, TxLog) else read_tx_log(lines)
-    lat_arr = log.latency_ms
-    out = LatencyStats(logged=len(lat_arr), failed=int(log.failed_script.size))
-    if not lat_arr.size:
-        return out
-    rel = log.start_s + lat_arr / 1000.0  # end times since the first transaction started
-    keep = rel > warmup_s
-    if not keep.any():
-        return out
-    kept_lat, kept_rel = lat_arr[keep], rel[keep]
-    out.mean_ms = float(np.mean(kept_lat))
-    out.p95_ms = float(np.percentile(kept_lat, 95))
-    out.p99_ms = float(np.percentile(kept_lat, 99))
-    second = np.ceil(kept_rel).astype(np.int64)
-    order = np.argsort(second, kind="stable")
-    second, kept_lat = second[order], kept_lat[order]
-    bounds = np.flatnonzero(np.diff(second)) + 1
-    for idx, chunk in zip(np.split(second, bounds), np.split(kept_lat, bounds), strict=True):
-        out.p95_per_second[int(idx[0])] = float(np.percentile(chunk, 95))
-    return out
 
 
 # -- running ---------------------------------------------------------------------
@@ -495,7 +244,13 @@ def find_pgbench() -> str:
 def build_command(
     spec: BenchSpec, pgbench: str, rundir: Path, script_paths: list[tuple[Path, int]]
 ) -> list[str]:
-    """pgbench's argv (no connection parameters: they travel in the environment)."""
+    """pgbench's argv (no connection parameters: they travel in the environment).
+
+    A replay's: the player's (``pgbench`` is then the Python interpreter), which takes the
+    same -T and log prefix and reads its plan on stdin.
+    """
+    if spec.replay is not None:
+        return _player_command(spec, pgbench, rundir)
     argv = [
         pgbench,
         "-P",
@@ -533,12 +288,125 @@ def build_command(
     return argv
 
 
+def _player_command(spec: BenchSpec, python: str, rundir: Path) -> list[str]:
+    assert spec.replay is not None
+    argv = [
+        python,
+        "-P",  # the run directory (its cwd) is not on sys.path
+        "-m",
+        PLAYER_MODULE,
+        "-T",
+        str(spec.duration_s + 1),  # as pgbench's: the last second's progress line
+        "--speed",
+        f"{spec.replay.speed:g}",
+        "--database",
+        spec.replay.database,
+        f"--log-prefix={rundir / 'pgbench_log'}",
+    ]
+    rate = spec.sampling_rate()
+    if rate < 1:
+        argv.append(f"--sampling-rate={rate:g}")
+    return argv
+
+
+def player_env(env: dict[str, str], paths: Sequence[str] = ()) -> dict[str, str]:
+    """The player's environment: libpq's as pgbench gets it, and the project importable
+    (``paths``: this interpreter's site-packages, for another interpreter)."""
+    out = dict(env)
+    out["PYTHONPATH"] = os.pathsep.join([str(_PROJECT_ROOT), *paths])
+    out["PYTHONDONTWRITEBYTECODE"] = "1"
+    return out
+
+
+_players: dict[int | None, tuple[str, tuple[str, ...]]] = {}
+_players_lock = threading.Lock()
+_PROBE = (
+    "import sys; assert sys.version_info[:2] == ({0}, {1}); import psycopg.pq, app.replay.player"
+)
+
+
+def find_player() -> tuple[str, tuple[str, ...]]:
+    """The interpreter that runs the replay player, and what it needs on its sys.path.
+
+    This service's own interpreter when the run-as user may run it (as pgbench, the
+    player never runs as root). A virtualenv under a private home (pyenv's under /root)
+    is not: then the same Python version elsewhere (``python3.11`` on PATH, /usr/bin,
+    /usr/local/bin) with this interpreter's site-packages, or $KNOBTUNE_PLAYER_PYTHON.
+    Each is tried once, as the run-as user, importing what the player imports; the
+    answer is kept for the process. Raises PgbenchError naming what to set.
+    """
+    key = privilege.child_identity().uid if privilege.dropping() else None
+    with _players_lock:
+        found = _players.get(key)
+        if found is not None:
+            return found
+        v = sys.version_info
+        sites = tuple(
+            dict.fromkeys(
+                p
+                for p in (*site.getsitepackages(), sysconfig.get_path("purelib"))
+                if p and os.path.isdir(p)
+            )
+        )
+        explicit = os.environ.get(PLAYER_PYTHON_ENV)
+        candidates: list[tuple[str, tuple[str, ...]]] = []
+        if explicit:
+            candidates.append((explicit, sites))
+        else:
+            candidates.append((sys.executable, ()))
+            for name in (f"python{v.major}.{v.minor}", "python3"):
+                for path in (
+                    shutil.which(name),
+                    f"/usr/bin/{name}",
+                    f"/usr/local/bin/{name}",
+                ):
+                    if path and path not in [c for c, _ in candidates]:
+                        candidates.append((path, sites))
+        for python, paths in candidates:
+            if _runs_player(python, paths, (v.major, v.minor)):
+                _players[key] = (python, paths)
+                return _players[key]
+        who = privilege.child_identity().name if privilege.dropping() else "this user"
+        raise PgbenchError(
+            f"the replay player needs a Python {v.major}.{v.minor} that {who} may run, with "
+            f"psycopg and knobtune importable; none of {', '.join(c for c, _ in candidates)} "
+            f"is: set {PLAYER_PYTHON_ENV} to one"
+        )
+
+
+def _runs_player(python: str, paths: Sequence[str], version: tuple[int, int]) -> bool:
+    if not os.path.isabs(python):
+        return False
+    try:
+        res = subprocess.run(
+            [python, "-P", "-c", _PROBE.format(*version)],
+            env=player_env(privilege.child_env(), paths),
+            cwd="/",
+            capture_output=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+            **privilege.child_kwargs(),
+        )
+    except (OSError, subprocess.TimeoutExpired, privilege.PrivilegeError):
+        return False
+    return res.returncode == 0
+
+
 def _db_stats(conn: psycopg.Connection[Any]) -> dict[str, float]:
+    """The server's cumulative counters (a run stores their differences: issue 29).
+
+    Keys as optimizer/counters.py reads them. A view a version lacks or a role may not
+    read leaves its keys out (not measured), never 0.
+    """
     version = conn.info.server_version
     out: dict[str, float] = {}
+    # 18 counts parallel workers planned and launched per database
+    parallel = (
+        ", parallel_workers_to_launch, parallel_workers_launched" if version >= 180000 else ""
+    )
     row = conn.execute(
-        "SELECT xact_commit, xact_rollback, blks_hit, blks_read, temp_files, temp_bytes, deadlocks"
-        " FROM pg_stat_database WHERE datname = current_database()"
+        "SELECT xact_commit, xact_rollback, blks_hit, blks_read, temp_files, temp_bytes,"
+        f" deadlocks{parallel} FROM pg_stat_database WHERE datname = current_database()"
     ).fetchone()
     if row is not None:
         keys = (
@@ -549,8 +417,10 @@ def _db_stats(conn: psycopg.Connection[Any]) -> dict[str, float]:
             "temp_files",
             "temp_bytes",
             "deadlocks",
+            *(("parallel_planned", "parallel_launched") if parallel else ()),
         )
         out.update({k: float(v or 0) for k, v in zip(keys, row, strict=True)})
+    out.update(_wal_and_statements(conn, version))
     if version >= 170000:
         # 17 moved checkpoint counters to pg_stat_checkpointer and backend writes to pg_stat_io.
         row = conn.execute(
@@ -576,6 +446,39 @@ def _db_stats(conn: psycopg.Connection[Any]) -> dict[str, float]:
     return out
 
 
+def _wal_and_statements(conn: psycopg.Connection[Any], version: int) -> dict[str, float]:
+    """WAL written (pg_stat_wal, 14+) and JIT time (pg_stat_statements where installed)."""
+    out: dict[str, float] = {}
+    if version >= 140000:
+        row = conn.execute("SELECT wal_records, wal_fpi, wal_bytes FROM pg_stat_wal").fetchone()
+        if row is not None:
+            out.update(
+                {
+                    k: float(v or 0)
+                    for k, v in zip(("wal_records", "wal_fpi", "wal_bytes"), row, strict=False)
+                }
+            )
+    if version >= 150000:  # the jit_* columns came with 15
+        row = conn.execute(
+            "SELECT nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace"
+            " WHERE extname = 'pg_stat_statements'"
+        ).fetchone()
+        if row is not None:
+            view = f'"{row[0]}".pg_stat_statements'
+            try:
+                with conn.transaction():
+                    got = conn.execute(
+                        "SELECT coalesce(sum(total_exec_time), 0), coalesce(sum("
+                        "jit_generation_time + jit_inlining_time + jit_optimization_time"
+                        f" + jit_emission_time), 0) FROM {view}"
+                    ).fetchone()
+            except psycopg.Error:
+                got = None  # not preloaded (shared_preload_libraries): not measured
+            if got is not None:
+                out.update({"exec_ms": float(got[0]), "jit_ms": float(got[1])})
+    return out
+
+
 def _read_stats(dsn: str, app_name: str | None = None) -> dict[str, float]:
     """Counters of the bench database; waits briefly for pgbench's backends to exit first
     (a backend reports its statistics when it exits)."""
@@ -598,10 +501,16 @@ def _pump(stream: IO[str], name: str, q: queue.Queue[tuple[str, str | None]]) ->
     q.put((name, None))
 
 
-def _error_text(stderr_lines: list[str], returncode: int) -> str:
+def _error_text(stderr_lines: list[str], returncode: int, program: str = "pgbench") -> str:
     keys = ("error", "fatal", "FATAL", "ERROR", "abort", "could not", "connection")
-    picked = [ln.strip() for ln in stderr_lines if any(k in ln for k in keys)]
-    lines = picked[-6:] or [ln.strip() for ln in stderr_lines[-3:] if ln.strip()]
+    # pgbench's own lines only, each bounded: a server message's further lines (a quoted
+    # file, COPY's CONTEXT) are a script's way to carry data out (app/postgres/errors.py)
+    picked = [
+        bounded(ln.strip())
+        for ln in stderr_lines
+        if ln.startswith(f"{program}:") and any(k in ln for k in keys)
+    ]
+    lines = picked[-6:] or [bounded(ln) for ln in stderr_lines[-3:] if ln.strip()]
     detail = "; ".join(dict.fromkeys(lines)) or "no message"
     if returncode < 0:  # Popen's convention: killed by signal -returncode
         try:
@@ -609,8 +518,8 @@ def _error_text(stderr_lines: list[str], returncode: int) -> str:
         except ValueError:
             name = f"signal {-returncode}"
         said = "; ".join(dict.fromkeys(picked[-6:]))  # its progress chatter says nothing here
-        return f"pgbench was killed by {name} (not by knobtune)" + (f": {said}" if said else "")
-    return f"pgbench exited with status {returncode}: {detail}"
+        return f"{program} was killed by {name} (not by knobtune)" + (f": {said}" if said else "")
+    return f"{program} exited with status {returncode}: {detail}"
 
 
 def run_bench(
@@ -636,8 +545,11 @@ def run_bench(
     """
     spec.validate()
     try:
-        pgbench = find_pgbench()
-    except PgbenchError as exc:
+        if spec.replay is not None:
+            pgbench, player_paths = find_player()
+        else:
+            pgbench, player_paths = find_pgbench(), ()
+    except (PgbenchError, privilege.PrivilegeError) as exc:
         return BenchResult.failure(str(exc), fatal=True)
     try:
         env = libpq_env(dsn)
@@ -645,6 +557,8 @@ def run_bench(
         return BenchResult.failure(
             f"invalid connection string {mask_dsn(dsn)}: {scrub(str(exc), dsn)}"
         )
+    except privilege.PrivilegeError as exc:
+        return BenchResult.failure(str(exc), fatal=True)
     if spec.isolation is not None:
         # libpq's options: spaces inside a value are escaped with a backslash
         level = spec.isolation.replace(" ", "\\ ")
@@ -653,10 +567,11 @@ def run_bench(
     name = env.get("PGAPPNAME")
     if name is None:
         name = env["PGAPPNAME"] = f"{app_name or 'knobtune-pgbench'}-{uuid.uuid4().hex[:8]}"
+    if spec.replay is not None:
+        env = player_env(env, player_paths)
     try:
-        if workdir is not None:
-            workdir.mkdir(parents=True, exist_ok=True)
-        rundir = Path(tempfile.mkdtemp(prefix="bench-", dir=workdir))
+        # pgbench's own directory (scripts, logs): writable by the user it runs as
+        rundir = privilege.child_dir("knobtune-bench-", workdir)
     except OSError as exc:
         where = workdir if workdir is not None else tempfile.gettempdir()
         return BenchResult.failure(
@@ -768,29 +683,44 @@ def _run(
         path = rundir / f"script{i}.sql"
         path.write_text(sql_text if sql_text.endswith("\n") else sql_text + "\n")
         script_paths.append((path, weight))
+    program = "replay" if spec.replay is not None else "pgbench"
+    # the counters of the database the run works in (a replay's: its per-run copy)
+    stats_dsn = dsn if spec.replay is None else make_conninfo(dsn, dbname=spec.replay.database)
     try:
-        before = _read_stats(dsn)
+        before = _read_stats(stats_dsn)
     except psycopg.Error as exc:
         return BenchResult.failure(
             f"cannot connect to {mask_dsn(dsn)}: {scrub(str(exc).strip(), dsn)}"
         )
     argv = build_command(spec, pgbench, rundir, script_paths)
     t0 = time.monotonic()
+    # the counters' window: from the end of the warm-up seconds on, read beside the run
+    # (a slow connect must not hold up the progress lines and the guard)
+    window: dict[str, Any] = {}
+    marker: threading.Thread | None = None
+
+    def mark() -> None:
+        at = time.monotonic()
+        with contextlib.suppress(psycopg.Error):
+            window["before"], window["t0"] = _read_stats(stats_dsn), at
+
+    feed = spec.stdin()
     try:
         proc = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if feed is None else subprocess.PIPE,
             env=env,
             cwd=rundir,
             text=True,
             bufsize=1,
             start_new_session=True,
+            **privilege.child_kwargs(),  # never root: a client's scripts run inside it
         )
     except OSError as exc:
         return BenchResult.failure(
-            f"cannot start pgbench ({pgbench}): {exc.strerror or exc}", fatal=True
+            f"cannot start {program} ({pgbench}): {exc.strerror or exc}", fatal=True
         )
     assert proc.stdout is not None
     assert proc.stderr is not None
@@ -799,6 +729,13 @@ def _run(
         threading.Thread(target=_pump, args=(proc.stdout, "out", q), daemon=True),
         threading.Thread(target=_pump, args=(proc.stderr, "err", q), daemon=True),
     ]
+    if feed is not None:
+        assert proc.stdin is not None
+        # from a thread: a plan larger than the pipe's buffer must not hold up the
+        # progress lines (the player reads all of it before it starts)
+        readers.append(
+            threading.Thread(target=_feed, args=(proc.stdin, feed), name="bench-stdin", daemon=True)
+        )
     for r in readers:
         r.start()
     progress: list[ProgressSample] = []
@@ -835,6 +772,10 @@ def _run(
                 stderr_lines.append(line)
                 continue
             progress.append(sample)
+            if marker is None and spec.warmup_s and sample.time_s >= spec.warmup_s - 0.5:
+                # the measured window begins: the counters' differences start here
+                marker = threading.Thread(target=mark, name="pgbench-counters", daemon=True)
+                marker.start()
             if on_sample is not None:
                 try:
                     on_sample(sample.time_s, sample.tps)
@@ -851,10 +792,16 @@ def _run(
     summary.aborted = summary.aborted or any("Run was aborted" in ln for ln in stderr_lines)
     tx = _read_logs(rundir)
     lat = latency_stats(tx, spec.warmup_s)
+    window_t0 = t0
+    if marker is not None:
+        marker.join(timeout=15)
+        if "before" in window:
+            before, window_t0 = window["before"], window["t0"]
     try:
         # After a stop nobody waits for the backends to report; return at once.
-        after = _read_stats(dsn, None if stopped or early else app_name)
+        after = _read_stats(stats_dsn, None if stopped or early else app_name)
         metrics = {k: after[k] - before[k] for k in after if k in before}
+        metrics["seconds"] = round(t0 + elapsed - window_t0, 3)  # until pgbench ended
     except psycopg.Error:
         metrics = {}  # the server went away: the run's own result says so
     all_samples = [s.tps for s in progress]
@@ -870,9 +817,9 @@ def _run(
     elif early is not None:
         error = f"stopped early: {early}"
     elif timed_out:
-        error = f"pgbench did not finish within {limit:.0f} s and was killed"
+        error = f"{program} did not finish within {limit:.0f} s and was killed"
     elif returncode != 0:
-        error = scrub(_error_text(stderr_lines, returncode), dsn)
+        error = scrub(_error_text(stderr_lines, returncode, program), dsn)
     elif not progress and spec.duration_s >= 3:
         # -P 1 prints a line a second: a run this long without one is not output we can read.
         said = "; ".join(ln.strip() for ln in (stderr_lines + stdout_lines)[:3] if ln.strip())
@@ -903,6 +850,16 @@ def _run(
         tx=tx if len(tx) or tx.failed_script.size else None,
         log_sampling=spec.sampling_rate(),
     )
+
+
+def _feed(stdin: IO[str], data: bytes) -> None:
+    """Write ``data`` to a child's stdin and close it (a child that died first: nothing)."""
+    try:
+        cast(io.TextIOWrapper, stdin).buffer.write(data)
+        stdin.close()
+    except (OSError, ValueError):  # BrokenPipeError: the child exited without reading it
+        with contextlib.suppress(OSError, ValueError):
+            stdin.close()
 
 
 def _signal(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
@@ -971,9 +928,13 @@ def init_data(
             text=True,
             timeout=timeout_s,
             stdin=subprocess.DEVNULL,
+            cwd="/",
+            **privilege.child_kwargs(),
         )
     except subprocess.TimeoutExpired:
         raise PgbenchError(f"pgbench -i -s {scale} did not finish within {timeout_s} s") from None
+    except privilege.PrivilegeError as exc:
+        raise PgbenchError(str(exc)) from None
     if res.returncode != 0:
         detail = _error_text(res.stderr.splitlines(), res.returncode)
         raise PgbenchError(scrub(f"pgbench -i -s {scale} failed: {detail}", dsn))

@@ -9,10 +9,10 @@ with an error that says exactly what could not be restored.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
-import signal
 import struct
 import subprocess
 import threading
@@ -28,7 +28,12 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
-from app.postgres.dsn import is_local, mask_dsn, scrub
+from app.postgres import cgroups
+from app.postgres.dsn import is_local, mask_dsn, password_of, scrub
+from app.postgres.errors import primary_message
+from app.postgres.privilege import PrivilegeError as PrivilegeError_
+from app.postgres.restart import RestartFailed, RestartMethod
+from app.postgres.restart import run as run_restart
 from app.postgres.sandbox import PostgresNotInstalled, as_postgres, find_bindir, server_version
 from app.postgres.units import same_value
 from optimizer.knobs import SettingRow
@@ -40,6 +45,7 @@ __all__ = [
     "ApplyError",
     "ApplyResult",
     "ConnectError",
+    "PoolFill",
     "PrivilegeError",
     "Probe",
     "RestartUnavailable",
@@ -103,6 +109,9 @@ class Probe:
     data_directory: str | None
     missing: list[str] = field(default_factory=list)  # asked-for names the server lacks
     alter_system_denied: list[str] = field(default_factory=list)
+    server_id: str | None = None  # see server_identity()
+    # where ram_bytes/cpus came from when a cgroup limit made them smaller than the host's
+    hardware_note: str | None = None
 
 
 @dataclass
@@ -127,10 +136,31 @@ class Snapshot:
 
 
 @dataclass
+class PoolFill:
+    """shared_buffers and what is in it (see TargetController.buffer_pool)."""
+
+    pool_bytes: int
+    used_bytes: int | None  # pages in the pool (pg_buffercache), None: not measurable
+    data_bytes: int  # every database's size: the most the pool can hold of them
+
+    @property
+    def fill(self) -> float:
+        """The share of the pool in use: measured, or its upper bound from the data's size."""
+        used = self.used_bytes if self.used_bytes is not None else self.data_bytes
+        return min(1.0, used / self.pool_bytes) if self.pool_bytes > 0 else 1.0
+
+    @property
+    def measured(self) -> bool:
+        return self.used_bytes is not None
+
+
+@dataclass
 class ApplyResult:
     restarted: bool
     seconds: float
     effective: dict[str, str]  # name -> current_setting(name) after the change
+    # written, taking effect at the next restart (apply(..., allow_pending=True) only)
+    pending_restart: list[str] = field(default_factory=list)
 
 
 def parse_conf(text: str) -> dict[str, str]:
@@ -193,6 +223,46 @@ def _row(r: Sequence[Any]) -> SettingRow:
     )
 
 
+def _may_read_files(conn: Conn, is_superuser: bool) -> bool:
+    if is_superuser:
+        return True
+    # Outside the data directory pg_read_file needs both: the role's membership and the
+    # EXECUTE privilege on the function (revoked from PUBLIC by default).
+    try:
+        return bool(
+            _one(
+                conn,
+                "SELECT pg_has_role(current_user, 'pg_read_server_files', 'MEMBER') AND "
+                "has_function_privilege('pg_read_file(text, bigint, bigint, boolean)', "
+                "'EXECUTE')",
+            )
+        )
+    except (psycopg.Error, TargetError):
+        return False
+
+
+def _server_file(conn: Conn, path: str) -> str | None:
+    """A file of the server's host through pg_read_file (None: missing or refused)."""
+    try:
+        row = conn.execute("SELECT pg_read_file(%s, 0, 1048576, true)", [path]).fetchone()
+    except psycopg.Error:
+        return None
+    return str(row[0]) if row and row[0] is not None else None
+
+
+def _read_server_files(conn: Conn) -> tuple[int | None, int | None, cgroups.Detected]:
+    """The server host's memory and CPUs, and the limits of the backend's cgroup, as the
+    server sees them (its /proc, its /sys/fs/cgroup: right in a container too)."""
+    ram = cgroups.meminfo_total(_server_file(conn, "/proc/meminfo"))
+    status = _server_file(conn, "/proc/self/status") or ""
+    m = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M)
+    cpus = cgroups.cpu_list_len(m.group(1)) if m else 0
+    found = cgroups.limits_from_files(
+        _server_file(conn, "/proc/self/cgroup") or "", lambda p: _server_file(conn, p)
+    )
+    return ram, cpus or None, found
+
+
 def _host_facts() -> tuple[int | None, int | None]:
     try:
         ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -204,21 +274,27 @@ def _host_facts() -> tuple[int | None, int | None]:
 class TargetController:
     """Applies and reverts settings of one target, restarting it when a knob needs that.
 
-    ``restart_command`` is a shell command run on this host that restarts the
-    target and returns when done (``pg_ctlcluster 16 main restart``,
-    ``systemctl restart postgresql``, ``docker restart db``, a sandbox's
-    ``restart_command``). ``data_dir`` is the target's data directory when it is
-    on this host: it lets knobtune validate a pending config with ``postgres -C``
-    and restore ``postgresql.auto.conf`` while the server is down.
+    ``restart`` is one of the operator's declared restart methods (app/postgres/restart.py:
+    pg_ctl, systemd, container or a named argv command, run without a shell), or a
+    sandbox's own; never a command from an API client. ``no_restart_reason`` says why
+    there is none (e.g. a stored legacy restart_command that is not run any more).
+    ``data_dir`` is the target's data directory when it is on this host: it lets
+    knobtune validate a pending config with ``postgres -C`` and restore
+    ``postgresql.auto.conf`` while the server is down. It is used only once its
+    global/pg_control shows the server's system identifier; ``trust_data_dir`` (the
+    operator's own configuration, never a client's word) also accepts it when that
+    cannot be checked.
     """
 
     def __init__(
         self,
         dsn: str,
         *,
-        restart_command: str | None = None,
+        restart: RestartMethod | None = None,
+        no_restart_reason: str | None = None,
         data_dir: Path | None = None,
-        restart_timeout_s: float = 120.0,
+        trust_data_dir: bool = False,
+        restart_timeout_s: float | None = None,
         log_path: Path | None = None,
         connect_timeout_s: float = 10.0,
         verify_timeout_s: float = 10.0,
@@ -230,8 +306,10 @@ class TargetController:
                 f"invalid connection string {mask_dsn(dsn)}: {scrub(str(exc), dsn)}"
             ) from None
         self.dsn = dsn
-        self.restart_command = restart_command.strip() if restart_command else None
-        self.restart_timeout_s = restart_timeout_s
+        self.restart = restart
+        self.no_restart_reason = no_restart_reason or "the target has no restart method"
+        self.restart_timeout_s = restart_timeout_s or (restart.timeout_s if restart else 120.0)
+        self._trust_data_dir = trust_data_dir
         self.log_path = log_path
         self.connect_timeout_s = connect_timeout_s
         self.verify_timeout_s = verify_timeout_s
@@ -243,11 +321,12 @@ class TargetController:
 
     @classmethod
     def for_sandbox(cls, sandbox: Sandbox, **kwargs: Any) -> TargetController:
-        """A controller with the sandbox's restart command, data directory and log."""
+        """A controller with the sandbox's own restart method, data directory and log."""
         return cls(
             sandbox.dsn,
-            restart_command=sandbox.restart_command,
+            restart=sandbox.restart_method,
             data_dir=sandbox.data_dir,
+            trust_data_dir=True,
             log_path=sandbox.log_path,
             **kwargs,
         )
@@ -288,8 +367,13 @@ class TargetController:
             time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
 
     @property
+    def data_dir_verified(self) -> bool:
+        """Whether the given data directory was accepted as this server's (after probe())."""
+        return self._data_dir is not None
+
+    @property
     def can_restart(self) -> bool:
-        return self.restart_command is not None
+        return self.restart is not None
 
     # -- reading -----------------------------------------------------------------
     def _settings(self, conn: Conn, names: Sequence[str]) -> dict[str, SettingRow]:
@@ -297,6 +381,23 @@ class TargetController:
         return {r[0]: _row(r) for r in rows}
 
     def probe(self, names: Sequence[str]) -> Probe:
+        try:
+            return self._probe(names)
+        except pg_errors.QueryCanceled:
+            raise TargetError(
+                "the target cancels knobtune's queries (57014 canceling statement due to "
+                "statement timeout): a statement_timeout from the DSN's options or the "
+                "role's settings is too short; remove options='-c statement_timeout=...' "
+                "from the DSN (or ALTER ROLE ... RESET statement_timeout)"
+            ) from None
+        except psycopg.Error as exc:
+            said = primary_message(str(exc), [password_of(self.dsn) or ""])
+            raise TargetError(
+                f"reading the target's settings failed ({exc.sqlstate or 'no SQLSTATE'}: "
+                f"{said}); check the DSN's options and the user's privileges"
+            ) from None
+
+    def _probe(self, names: Sequence[str]) -> Probe:
         names = [n.strip().lower() for n in names]
         with self._connect() as conn:
             version_num = int(_one(conn, "SHOW server_version_num"))
@@ -316,7 +417,8 @@ class TargetController:
                     denied = sorted(rows)
             data_directory = self._show_data_directory(conn)
             self._resolve_data_dir(conn)
-        ram, cpus = _host_facts() if self.local else (None, None)
+            server_id = server_identity(conn)
+            ram, cpus, hw_note = self._hardware(conn, is_superuser)
         return Probe(
             version_num=version_num,
             version=version,
@@ -329,7 +431,76 @@ class TargetController:
             data_directory=data_directory,
             missing=[n for n in names if n not in rows],
             alter_system_denied=denied,
+            server_id=server_id,
+            hardware_note=hw_note,
         )
+
+    # -- the hardware the server really has -------------------------------------------
+    def _hardware(
+        self, conn: Conn, is_superuser: bool
+    ) -> tuple[int | None, int | None, str | None]:
+        """Memory and CPUs the server may use: the smaller of its host's and its cgroup's.
+
+        Local: the postmaster's cgroup, read from /proc and /sys/fs/cgroup. Another host
+        (or a local server in another PID namespace, e.g. a container): the server's own
+        /proc/meminfo and cgroup files through pg_read_file, when the role may read server
+        files; otherwise nothing (the caller requires ram_bytes and cpus).
+        """
+        ram: int | None = None
+        cpus: int | None = None
+        found: cgroups.Detected | None = None
+        if self.local:
+            ram, cpus = _host_facts()
+            pid = self._postmaster_pid(conn)
+            if pid is not None:
+                found = cgroups.limits_of_pid(pid)
+        if found is None and _may_read_files(conn, is_superuser):
+            host_ram, host_cpus, found = _read_server_files(conn)
+            ram, cpus = cgroups.smaller(ram, host_ram), cgroups.smaller(cpus, host_cpus)
+        if found is None:
+            return ram, cpus, None
+        note = None
+        mem, ncpu = cgroups.smaller(ram, found.memory_bytes), cgroups.smaller(cpus, found.cpus)
+        if (mem, ncpu) != (ram, cpus):
+            note = (
+                f"cgroup limits: {(mem or 0) / 2**30:.2f} GiB of memory and {ncpu} CPU(s) "
+                f"(the host has {(ram or 0) / 2**30:.1f} GiB and {cpus}); "
+                f"read from {found.source or 'the CPU affinity'}"
+            )
+        return mem, ncpu, note
+
+    def _postmaster_pid(self, conn: Conn) -> int | None:
+        """The postmaster's pid in this host's /proc: the parent of our backend, checked
+        to be a PostgreSQL process (else another PID namespace: None), or postmaster.pid."""
+        try:
+            backend = int(_one(conn, "SELECT pg_backend_pid()"))
+        except (psycopg.Error, TargetError, ValueError):
+            return None
+        proc = Path("/proc")
+        try:
+            cmdline = (proc / str(backend) / "cmdline").read_bytes()
+            stat = (proc / str(backend) / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            parent = (proc / str(ppid) / "comm").read_text().strip()
+        except (OSError, ValueError, IndexError):
+            cmdline, ppid, parent = b"", 0, ""
+        if cmdline.startswith(b"postgres:") and parent in ("postgres", "postmaster"):
+            return ppid
+        data_dir = self._data_dir
+        if data_dir is not None:
+            try:
+                pid = int((data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+                comm = (proc / str(pid) / "comm").read_text().strip()
+            except (OSError, ValueError):
+                return None
+            if comm in ("postgres", "postmaster"):
+                return pid
+        return None
+
+    def server_id(self) -> str | None:
+        """The server's identity (:func:`server_identity`), read now."""
+        with self._connect() as conn:
+            return server_identity(conn)
 
     def skip_reasons(self, names: Sequence[str]) -> dict[str, str]:
         """Knobs among ``names`` that cannot be applied on this target, with the reason.
@@ -342,7 +513,7 @@ class TargetController:
             if row.context == "internal":
                 out[name] = "read-only (set at build or initdb time)"
             elif row.context == "postmaster" and not self.can_restart:
-                out[name] = "needs a restart and the target has no restart method"
+                out[name] = f"needs a restart and {self.no_restart_reason}"
             elif name in probe.alter_system_denied:
                 out[name] = "the target's user may not ALTER SYSTEM this setting"
         return out
@@ -372,8 +543,9 @@ class TargetController:
                     on_disk = struct.unpack("=Q", f.read(8))[0]
                 ok = on_disk == sysid
             except (psycopg.Error, OSError, struct.error):
-                # Cannot check: trust a directory the operator named, not a guess.
-                ok = self._given_data_dir is not None
+                # Cannot check: trust a directory the operator configured, not a guess
+                # and not a client's word.
+                ok = self._given_data_dir is not None and self._trust_data_dir
             if ok:
                 self._data_dir = candidate
             else:
@@ -491,32 +663,13 @@ class TargetController:
             f.truncate()
 
     def _run_restart(self) -> None:
-        """Run the restart command, then wait for connections; raises _RestartFailed."""
-        assert self.restart_command is not None
+        """Run the restart method, then wait for connections; raises _RestartFailed."""
+        assert self.restart is not None
         t0 = time.monotonic()
-        # The operator's own shell command by design (systemctl, docker, pg_ctlcluster, ...).
-        proc = subprocess.Popen(  # noqa: S602
-            self.restart_command,
-            shell=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            start_new_session=True,
-        )
         try:
-            out, _ = proc.communicate(timeout=self.restart_timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise _RestartFailed(
-                f"the restart command did not finish within {self.restart_timeout_s:.0f} s"
-            ) from None
-        if proc.returncode != 0:
-            raise _RestartFailed(
-                f"the restart command exited with {proc.returncode}: "
-                f"{self._scrub(out.strip()[-1000:])}{self._log_tail()}"
-            )
+            run_restart(self.restart)
+        except (RestartFailed, PrivilegeError_) as exc:
+            raise _RestartFailed(f"{self._scrub(str(exc))}{self._log_tail()}") from None
         remaining = max(5.0, self.restart_timeout_s - (time.monotonic() - t0))
         if not self.wait_until_up(remaining):
             raise _RestartFailed(
@@ -637,13 +790,19 @@ class TargetController:
         return "Recovery: " + "; ".join(steps) + "."
 
     def apply(
-        self, config: Mapping[str, str], *, on_restart: Callable[[], None] | None = None
+        self,
+        config: Mapping[str, str],
+        *,
+        on_restart: Callable[[], None] | None = None,
+        allow_pending: bool = False,
     ) -> ApplyResult:
         """ALTER SYSTEM SET each knob, reload (restart if needed), verify the effective values.
 
         ``on_restart`` is called just before a restart (the entries are written and
         validated), e.g. to record that the server is about to go down; an exception
-        from it aborts before the restart.
+        from it aborts before the restart. ``allow_pending``: a knob that needs a restart
+        the target cannot do here is written anyway and left pending (listed in the
+        result, not verified) instead of refusing the whole config.
 
         Raises ApplyError (after restoring the previous entries; the server is up),
         RestartUnavailable (nothing changed), PrivilegeError, ConnectError.
@@ -673,10 +832,10 @@ class TargetController:
                     if rows[n].context == "postmaster"
                     and not same_value(wanted[n], rows[n].setting, rows[n])
                 ]
-                if restart_knobs and not self.can_restart:
+                if restart_knobs and not self.can_restart and not allow_pending:
                     raise RestartUnavailable(
-                        f"{', '.join(restart_knobs)} need(s) a server restart and the target "
-                        "has no restart command; nothing was changed"
+                        f"{', '.join(restart_knobs)} need(s) a server restart and "
+                        f"{self.no_restart_reason}; nothing was changed"
                     )
                 before = self._auto_conf(conn)
                 done: list[str] = []
@@ -704,24 +863,30 @@ class TargetController:
                 for name in pending:
                     if name not in restart_knobs:
                         restart_knobs.append(name)
-                if restart_knobs and not self.can_restart:
+                if restart_knobs and not self.can_restart and not allow_pending:
                     self._restore_entries(conn, before, done)
                     self._reload(conn)
                     raise RestartUnavailable(
-                        f"{', '.join(restart_knobs)} need(s) a server restart and the target has "
-                        "no restart command; previous entries restored"
+                        f"{', '.join(restart_knobs)} need(s) a server restart and "
+                        f"{self.no_restart_reason}; previous entries restored"
                     )
-            if restart_knobs:
+            pending = restart_knobs if restart_knobs and not self.can_restart else []
+            restart = bool(restart_knobs) and not pending
+            if restart:
                 self._restart_or_recover(before, list(wanted), what, on_restart)
-            mismatched, effective = self._verify(wanted, rows)
+            check = {k: v for k, v in wanted.items() if k not in pending}
+            mismatched, effective = self._verify(check, rows)
             if mismatched:
-                note = self._rollback(before, list(wanted), restart=bool(restart_knobs))
+                note = self._rollback(before, list(wanted), restart=restart)
                 raise ApplyError(
                     f"{what} did not take effect ({'; '.join(mismatched)}): a per-database or "
                     f"per-role setting, or the DSN's options, may override it. {note}"
                 )
             return ApplyResult(
-                restarted=bool(restart_knobs), seconds=time.monotonic() - t0, effective=effective
+                restarted=restart,
+                seconds=time.monotonic() - t0,
+                effective=effective,
+                pending_restart=list(pending),
             )
 
     def _check_config(self, config: Mapping[str, str]) -> dict[str, str]:
@@ -794,7 +959,7 @@ class TargetController:
                 if not self.can_restart:
                     raise RestartUnavailable(
                         f"previous entries restored, but {', '.join(restart_knobs)} only take(s) "
-                        "effect after a restart and the target has no restart command"
+                        f"effect after a restart and {self.no_restart_reason}"
                     )
                 problem = self._validate_pending(restart_knobs)
                 if problem:
@@ -820,8 +985,8 @@ class TargetController:
         with self._lock:
             if self.is_up():
                 return "the server is up; nothing to recover"
-            if self.restart_command is None:
-                raise RestartUnavailable("the server is down and the target has no restart command")
+            if self.restart is None:
+                raise RestartUnavailable(f"the server is down and {self.no_restart_reason}")
             data_dir = self._data_dir or self._given_data_dir
             path = data_dir / _AUTO_CONF if data_dir is not None else None
             steps: list[str] = []
@@ -835,6 +1000,10 @@ class TargetController:
                     steps.append(f"could not write {path}: {exc}")
             else:
                 steps.append("the data directory is not on this host: entries left as they are")
+            if data_dir is not None:
+                cleared = clear_dead_postmaster(data_dir)
+                if cleared:
+                    steps.append(cleared)
             try:
                 self._run_restart()
             except _RestartFailed as exc:
@@ -843,6 +1012,47 @@ class TargetController:
                 ) from None
             steps.append("the server was started and accepts connections")
             return "; ".join(steps)
+
+    def buffer_pool(self) -> PoolFill | None:
+        """How full shared_buffers is now (None: the server cannot be asked).
+
+        With the pg_buffercache extension installed in the DSN's database: the share of
+        buffers holding a page. Without it (knobtune never installs anything): the data
+        the pool could hold at most, every database's size against shared_buffers, which
+        bounds the fill from above.
+        """
+        try:
+            with self._connect() as conn:
+                pool = int(
+                    _one(
+                        conn,
+                        "SELECT setting::bigint FROM pg_settings WHERE name = 'shared_buffers'",
+                    )
+                )
+                block = int(_one(conn, "SELECT current_setting('block_size')::int"))
+                data = int(_one(conn, "SELECT sum(pg_database_size(oid))::bigint FROM pg_database"))
+                has = conn.execute(
+                    "SELECT 1 FROM pg_extension WHERE extname = 'pg_buffercache'"
+                ).fetchone()
+                used: int | None = None
+                if has is not None:
+                    try:
+                        used = int(
+                            _one(
+                                conn,
+                                "SELECT count(*) FILTER (WHERE relfilenode IS NOT NULL) "
+                                "FROM pg_buffercache",
+                            )
+                        )
+                    except psycopg.Error:
+                        used = None  # no right to read it: the bound below
+        except (ConnectError, psycopg.Error):
+            return None
+        return PoolFill(
+            pool_bytes=pool * block,
+            used_bytes=used * block if used is not None else None,
+            data_bytes=data,
+        )
 
     def terminate_clients(self, application_prefix: str) -> int:
         """End the target's connections whose application_name starts with the prefix.
@@ -910,8 +1120,91 @@ class TargetController:
             time.sleep(0.05)
 
 
+def _pid_state(pid: int) -> str | None:
+    """The process's state letter from /proc (``Z``: a zombie), None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[0]
+
+
+def _users_of(data_dir: Path) -> list[int]:
+    """Live processes whose working directory is ``data_dir`` (every PostgreSQL backend's)."""
+    target = data_dir.resolve()
+    out: list[int] = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if Path(os.readlink(proc / "cwd")) == target and _pid_state(int(proc.name)) != "Z":
+                out.append(int(proc.name))
+        except OSError:
+            continue
+    return out
+
+
+def clear_dead_postmaster(data_dir: Path, wait_s: float = 10.0) -> str | None:
+    """Remove the lock file of a postmaster that died as a zombie nobody reaps.
+
+    A SIGKILLed postmaster (the OOM killer) is reaped by init; in a container whose first
+    process does not reap, it stays a zombie, so ``kill(pid, 0)`` still finds it and both
+    pg_ctl and postgres refuse to start ("server does not shut down", "lock file already
+    exists"). Once its orphan backends have exited (no live process has the data
+    directory as working directory, waited for up to ``wait_s``), its postmaster.pid is
+    stale and is removed. Returns what was done, or None when there was nothing to do or
+    it could not be shown to be safe.
+    """
+    lock = data_dir / "postmaster.pid"
+    try:
+        lines = lock.read_text().split("\n")
+        pid = int(lines[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    # its socket's lock file names it too (lines 4 and 5: port, first socket directory)
+    sockets = []
+    if len(lines) > 4 and lines[3].strip().isdigit() and lines[4].strip():
+        sockets.append(Path(lines[4].strip()) / f".s.PGSQL.{lines[3].strip()}.lock")
+    if _pid_state(pid) != "Z":
+        return None  # alive (not ours to touch) or gone (pg_ctl handles a stale file)
+    if not os.access("/proc/1/cwd", os.R_OK) and os.geteuid() != 0:
+        return None  # cannot see other users' processes: cannot show it is safe
+    deadline = time.monotonic() + wait_s
+    while _users_of(data_dir):
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.2)
+    try:
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                if sock.read_text().split("\n", 1)[0].strip() == str(pid):
+                    sock.unlink()
+        lock.unlink()
+    except OSError:
+        return None
+    return f"the dead postmaster's lock files (PID {pid}, a zombie) were removed"
+
+
 def _one(conn: Conn, query: LiteralString) -> Any:
     row = conn.execute(query).fetchone()
     if row is None:
         raise TargetError(f"no result for {query!r}")
     return row[0]
+
+
+def server_identity(conn: Conn) -> str | None:
+    """Which server a connection reached: its system identifier and port (None: unknown).
+
+    Two DSNs (socket or TCP, another database or user) reach the same server when these
+    match. The system identifier alone is not enough: copies of one cluster (sandboxes
+    made from one template, a physical replica) share it; the port (``SHOW port``, which
+    any role may read, unlike data_directory) tells copies on one host apart. A server
+    that hides pg_control_system() from this role has no identity here.
+    """
+    try:
+        sysid = _one(conn, "SELECT system_identifier FROM pg_control_system()")
+        port = _one(conn, "SELECT current_setting('port')")
+    except psycopg.Error as exc:
+        log.warning("cannot tell which server this is: %s", _pg_message(exc))
+        return None
+    return f"{sysid}:{port}"

@@ -1,6 +1,6 @@
 """Dashboard pages at ``/``: sessions, one session's live view and results, forms, login.
 
-Server-rendered (Jinja2) over ``app.service``, like the REST API. The only script
+Server-rendered (Jinja2) over the domain services, like the REST API. The only script
 is ``static/dashboard.js``: it polls the REST API for the live view. Plain
 ``def`` routes: the work is sync DB access, run in FastAPI's thread pool. Pages
 cost a handful of queries each (no per-row queries) and show bounded lists.
@@ -23,15 +23,40 @@ from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from app import service
-from app import sweep as sweeps
-from app.api.deps import DB, TOKEN_COOKIE, AppSettings, Sched, is_authorized, token_ok
+from app.api.deps import (
+    DB,
+    TOKEN_COOKIE,
+    AppSettings,
+    Sched,
+    authenticate,
+    is_authorized,
+    token_ok,
+)
+from app.captures import service as capture_svc
 from app.chart import final_label, points_of, readable, render_svg, render_sweep_svg
 from app.db import Database
-from app.models import ACTIVE_STATUSES, Sweep, Trial, TuningSession
+from app.errors import ServiceError
+from app.models import ACTIVE_STATUSES, Sweep, Trial
+from app.postgres.cgroups import PROFILES, Limits
 from app.postgres.dsn import mask_dsn
 from app.postgres.sandbox import SandboxError
-from app.schemas import SessionIn, SweepIn, TargetIn, WorkloadIn
+from app.schemas import (
+    PGBENCH_DEFAULTS,
+    ApplyIn,
+    ApplyOut,
+    CaptureIn,
+    RollbackIn,
+    SessionIn,
+    SweepIn,
+    TargetIn,
+    workload_defaults,
+)
+from app.sessions import apply as apply_svc
+from app.sessions import service as session_svc
+from app.sessions.summary import chart_axis, headline, in_units, note_kind, run_value
+from app.sweeps import service as sweep_svc
+from app.targets import service as target_svc
+from app.targets.holds import holders
 from optimizer.catalogue import CATALOGUE
 from optimizer.render import status_label
 
@@ -114,7 +139,10 @@ templates.env.filters.update(
 
 def _page(request: Request, name: str, ctx: dict[str, Any], status: int = 200) -> HTMLResponse:
     settings = request.app.state.settings
-    ctx = {"auth_enabled": settings.api_token is not None, **ctx}
+    auth = settings.api_token is not None
+    # the header says whether this browser is logged in (the login page is not)
+    logged_in = auth and token_ok(settings, request.cookies.get(TOKEN_COOKIE, ""))
+    ctx = {"auth_enabled": auth, "logged_in": logged_in, **ctx}
     return templates.TemplateResponse(request, name, ctx, status_code=status, headers=_HEADERS)
 
 
@@ -193,25 +221,65 @@ def _validation_message(exc: ValidationError) -> str:
 
 # -- index: sessions list and the two forms -------------------------------------------
 def _session_defaults() -> dict[str, str]:
-    wl = WorkloadIn()
+    """The form's initial values. The workload's fields stay blank: each workload's own
+    defaults apply (shown as placeholders), as over REST and in the CLI."""
     return {
-        "builtin": wl.builtin or "none",
-        "scale": f"{wl.scale:g}",
-        "clients": str(wl.clients),
-        "jobs": str(wl.jobs),
-        "duration_s": str(wl.duration_s),
-        "warmup_s": str(wl.warmup_s),
+        "builtin": "",
         "max_trials": str(SessionIn.model_fields["max_trials"].default),
         "final_check_runs": str(SessionIn.model_fields["final_check_runs"].default),
         "on_finish": "restore",
         "start": "current",
         "objective": "throughput",
-        "mode": wl.mode,
+        "mode": "power",
     }
 
 
+def _form_defaults() -> dict[str, dict[str, Any]]:
+    """Per workload choice of the form: its defaults (placeholders, the time estimate)."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, builtin, mode in [
+        ("", "tpcb-like", "power"),
+        ("tpcb-like", "tpcb-like", "power"),
+        ("simple-update", "simple-update", "power"),
+        ("select-only", "select-only", "power"),
+        ("none", None, "power"),
+        ("tpch", "tpch", "power"),
+        ("tpch-throughput", "tpch", "throughput"),
+        ("tpcc", "tpcc", "power"),
+        ("chbench", "chbench", "power"),
+    ]:
+        d = workload_defaults(builtin, mode)
+        out[key] = {k: d[k] for k in ("scale", "clients", "jobs", "duration_s", "warmup_s")}
+    return out
+
+
+def _int(text: str | None, default: int) -> int:
+    """A form's number as typed, or the default (a form being re-shown may hold anything)."""
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        return default
+    return value if 0 < value <= 10**6 else default
+
+
+def estimate_text(max_trials: int, duration_s: int) -> str:
+    """The session form's time estimate: runs x run length (the dashboard's JS says the same)."""
+    secs = max_trials * duration_s
+    when = (
+        f"{secs} s"
+        if secs < 90
+        else f"{round(secs / 60)} min"
+        if secs < 5400
+        else f"{secs / 3600:.1f} h"
+    )
+    return (
+        f"About {when}: up to {max_trials} runs × {duration_s} s, plus loading the data and "
+        "warming up after restarts."
+    )
+
+
 def _sessions_ctx(db: Database) -> dict[str, Any]:
-    sessions = service.sessions_out(db, service.list_sessions(db, limit=SESSIONS_SHOWN))
+    sessions = session_svc.sessions_out(db, session_svc.list_sessions(db, limit=SESSIONS_SHOWN))
     return {
         "sessions": sessions,
         "shown": SESSIONS_SHOWN,
@@ -227,20 +295,17 @@ def _index(
     session_error: str | None = None,
     target_form: dict[str, str] | None = None,
     target_error: str | None = None,
+    capture_form: dict[str, str] | None = None,
+    capture_error: str | None = None,
     status: int = 200,
 ) -> HTMLResponse:
-    targets = service.list_targets(db)
+    listed = target_svc.list_targets(db)
     with db.session() as s:
-        # One narrow query (not full session rows): which target is busy with which session.
-        busy = dict(
-            s.execute(
-                select(TuningSession.target_id, TuningSession.id).where(
-                    TuningSession.status.in_(ACTIVE_STATUSES)
-                )
-            )
-            .tuples()
-            .all()
-        )
+        # One narrow query: which target is busy with which session or capture (sweeps:
+        # listed apart).
+        held = holders(s)
+    busy = {tid: h.id for tid, h in held.items() if h.kind == "session"}
+    capturing = {tid: h.id for tid, h in held.items() if h.kind == "capture"}
     form = _session_defaults()
     if session_form is not None:
         form.update(session_form)
@@ -249,24 +314,39 @@ def _index(
     ctx = {
         **_sessions_ctx(db),
         # Retired targets' sessions stay listed: their names too.
-        "target_names": {t.id: t.name for t in service.list_targets(db, include_retired=True)},
+        "target_names": {t.id: t.name for t in target_svc.list_targets(db, include_retired=True)},
         "targets": [
             {
                 "id": t.id,
                 "name": t.name,
                 "dsn": mask_dsn(t.dsn),
                 "sandbox": t.sandbox_dir is not None,
+                "limits": (
+                    str(Limits.from_json(t.sandbox_limits))
+                    if t.sandbox_limits and t.sandbox_dir
+                    else None
+                ),
                 "version": (t.probe or {}).get("version"),
                 "busy": busy.get(t.id),
+                "capturing": capturing.get(t.id),
             }
-            for t in targets
+            for t in listed
         ],
+        "capture_form": capture_form or {"seconds": "600"},
+        "capture_error": capture_error,
         "sweeps": _latest_sweeps(db),
         "form": form,
         "session_error": session_error,
         "target_form": {k: v for k, v in (target_form or {}).items() if k != "dsn"},
         "target_error": target_error,
+        "restart_methods": sorted(request.app.state.settings.restart_methods),
+        "profiles": [(p.name, p.limits.figures(), p.models) for p in PROFILES.values()],
         "knob_names": sorted(CATALOGUE),
+        "form_defaults": _form_defaults(),
+        "estimate": estimate_text(
+            _int(form.get("max_trials"), SessionIn.model_fields["max_trials"].default),
+            _int(form.get("duration_s"), PGBENCH_DEFAULTS["duration_s"]),
+        ),
     }
     return _page(request, "index.html", ctx, status)
 
@@ -278,7 +358,7 @@ def index(request: Request, db: DB) -> HTMLResponse:
 
 @page.get("/partials/sessions", response_class=HTMLResponse)
 def sessions_partial(request: Request, db: DB) -> HTMLResponse:
-    names = {t.id: t.name for t in service.list_targets(db, include_retired=True)}
+    names = {t.id: t.name for t in target_svc.list_targets(db, include_retired=True)}
     return _page(request, "_sessions.html", {**_sessions_ctx(db), "target_names": names})
 
 
@@ -290,8 +370,9 @@ def _session_request(form: dict[str, str]) -> dict[str, Any]:
         return value or None
 
     workload: dict[str, Any] = {}
-    builtin = given("builtin") or "tpcb-like"
-    workload["builtin"] = None if builtin == "none" else builtin
+    builtin = given("builtin")  # blank: tpcb-like, or only the script when there is one
+    if builtin is not None:
+        workload["builtin"] = None if builtin == "none" else builtin
     if script := given("script"):
         workload["scripts"] = [{"sql": script}]
     for key in ("scale", "clients", "jobs", "duration_s", "warmup_s", "mode", "isolation"):
@@ -311,14 +392,39 @@ def _session_request(form: dict[str, str]) -> dict[str, Any]:
 @post.post("/sessions")
 def start_session(request: Request, db: DB, form: Form) -> Response:
     try:
-        sess = service.create_session(db, SessionIn.model_validate(_session_request(form)))
+        sess = session_svc.create_session(db, SessionIn.model_validate(_session_request(form)))
     except ValidationError as exc:
         return _index(
             request, db, session_form=form, session_error=_validation_message(exc), status=422
         )
-    except service.ServiceError as exc:
+    except ServiceError as exc:
         return _index(request, db, session_form=form, session_error=exc.message, status=exc.status)
     return RedirectResponse(f"/sessions/{sess.id}", status_code=303)
+
+
+def _sandbox_profile(form: dict[str, str]) -> dict[str, Any] | None:
+    """The form's hardware profile of a new sandbox (a name and/or limits), or None."""
+    out: dict[str, Any] = {}
+    if name := form.get("profile", "").strip():
+        out["profile"] = name
+    if memory := form.get("sandbox_memory", "").strip():
+        out["memory"] = memory
+    for key, field in (("sandbox_iops", "disk_iops"), ("sandbox_mbps", "disk_mbps")):
+        if value := form.get(key, "").strip():
+            try:
+                out[field] = int(value)
+            except ValueError:
+                raise ValueError(f"{field}: a whole number, not {value[:20]!r}") from None
+    if value := form.get("sandbox_cpus", "").strip():
+        try:
+            out["cpus"] = int(value)
+        except ValueError:
+            raise ValueError(f"sandbox CPUs: a whole number, not {value[:20]!r}") from None
+    if out and form.get("sandbox") != "on":
+        raise ValueError(
+            "a hardware profile is for a sandbox: tick Sandbox, or clear the profile fields"
+        )
+    return out or None
 
 
 @post.post("/targets")
@@ -327,20 +433,33 @@ def register_target(request: Request, db: DB, settings: AppSettings, form: Form)
         "name": form.get("name", "").strip(),
         "sandbox": form.get("sandbox") == "on",
     }
-    for key in ("dsn", "restart_command", "data_dir", "cpus"):
+    for key in ("dsn", "restart_method", "data_dir", "cpus"):
         if value := form.get(key, "").strip():
             body[key] = value
     try:
         if ram := form.get("ram_gib", "").strip():
             body["ram_bytes"] = int(float(ram) * 2**30)
-        target = service.create_target(db, settings, TargetIn.model_validate(body))
+    except ValueError:
+        return _index(
+            request,
+            db,
+            target_form=form,
+            target_error="RAM: give the target's memory in GiB, e.g. 16",
+            status=422,
+        )
+    try:
+        profile = _sandbox_profile(form)
+    except ValueError as exc:
+        return _index(request, db, target_form=form, target_error=str(exc), status=422)
+    if profile:
+        body["sandbox"] = profile
+    try:
+        target = target_svc.create_target(db, settings, TargetIn.model_validate(body))
     except ValidationError as exc:
         message = _validation_message(exc)
-    except ValueError:
-        message = "RAM: give the target's memory in GiB, e.g. 16"
-    except service.ServiceError as exc:
+    except ServiceError as exc:
         message = exc.message
-    except SandboxError as exc:  # not mapped by service.create_target (yet): never a 500 here
+    except SandboxError as exc:  # not mapped by target_svc.create_target (yet): never a 500 here
         message = f"could not create the sandbox: {exc}"
     else:
         return RedirectResponse(f"/?target_id={target.id}#new-session", status_code=303)
@@ -351,12 +470,12 @@ def register_target(request: Request, db: DB, settings: AppSettings, form: Form)
 def delete_target(target_id: int, request: Request, db: DB, sched: Sched, form: Form) -> Response:
     """The dashboard's remove buttons: keep the target's history (retire) or drop it."""
     choice = form.get("history")
-    history: service.HistoryChoice | None = (
+    history: target_svc.HistoryChoice | None = (
         "keep" if choice == "keep" else "drop" if choice == "drop" else None
     )
     try:
-        service.delete_target(db, target_id, history)
-    except service.ServiceError as exc:
+        target_svc.delete_target(db, target_id, history)
+    except ServiceError as exc:
         return _index(request, db, target_error=exc.message, status=exc.status)
     if sched is not None:
         sched.sync_schedules()
@@ -364,60 +483,35 @@ def delete_target(target_id: int, request: Request, db: DB, sched: Sched, form: 
 
 
 # -- one session ------------------------------------------------------------------------
-def _trials(db: Database, session_id: int) -> list[dict[str, Any]]:
-    """The trial table's columns, shaped like TrialOut (what points_of reads).
-
-    Narrow on purpose: the per-second samples (the bulk of a trial row) are not
-    loaded, so a page costs the same however long the runs were.
-    """
-    cols = (
-        Trial.index,
-        Trial.role,
-        Trial.knob,
-        Trial.value,
-        Trial.median_tps,
-        Trial.latency_p95_ms,
-        Trial.gain,
-        Trial.p_value,
-        Trial.verdict,
-        Trial.reason,
-        Trial.error,
-        Trial.drift,
-        Trial.started_at,
-        Trial.finished_at,
-    )
-    with db.session() as s:
-        rows = (
-            s.execute(select(*cols).where(Trial.session_id == session_id).order_by(Trial.index))
-            .mappings()
-            .all()
-        )
-    return [
-        {
-            **row,
-            "samples": {"median_tps": row["median_tps"], "latency_p95_ms": row["latency_p95_ms"]},
-        }
-        for row in rows
-    ]
-
-
 def _session_ctx(db: Database, session_id: int) -> dict[str, Any]:
-    sess = service.get_session(db, session_id)
-    trials = _trials(db, session_id)
+    sess = session_svc.get_session(db, session_id)
+    trials = session_svc.trial_rows(db, session_id)
     # Trial count and mean trial time from the rows at hand: no extra count query.
     per_trial = (
         (trials[-1]["finished_at"] - trials[0]["started_at"]).total_seconds() / len(trials)
         if trials
         else None
     )
-    out = service.session_out(db, sess, {session_id: (len(trials), per_trial)})
-    target = service.get_target(db, sess.target_id)
+    target = target_svc.get_target(db, sess.target_id)
+    out = session_svc.session_out(
+        db, sess, {session_id: (len(trials), per_trial)}, name=target.name
+    )
+    objective = str(sess.request.get("objective", "throughput"))
+    axis, unit = chart_axis(objective)
+    if unit != "tps":
+        levels = _levels(db, session_id, sess.request)
+        for t in trials:
+            t["level"] = levels.get(t["index"])
     chart = (
         render_svg(
-            points_of(trials),
-            baseline=out.baseline_tps,
-            title=f"Session {session_id}: median throughput per trial",
-            final_label=final_label({"gain": out.gain, "gain_status": out.gain_status}),
+            points_of(trials, unit=unit),
+            baseline=out.baseline_tps if unit == "tps" else None,
+            title=f"Session {session_id}: {axis.split(' (')[0]}",
+            final_label=final_label(
+                {"gain": out.gain, "gain_status": out.gain_status, "request": sess.request}
+            ),
+            axis=axis,
+            unit=unit,
         )
         if any(t["median_tps"] is not None and t["error"] is None for t in trials)
         else None
@@ -427,10 +521,16 @@ def _session_ctx(db: Database, session_id: int) -> dict[str, Any]:
         {"knob": k, "start": start.get(k), "best": best.get(k), "changed": start.get(k) != best[k]}
         for k in sorted(best)
     ]
+    applies = apply_svc.list_applies(db, session_id, sess=sess, target=target)
     return {
         "s": out,
-        "target": {"id": target.id, "name": target.name, "dsn": mask_dsn(target.dsn)},
-        "trials": trials,
+        "target": {
+            "id": target.id,
+            "name": target.name,
+            "dsn": mask_dsn(target.dsn),
+            "retired": target.retired_at is not None,
+        },
+        "trials": verdict_rows(trials, objective),
         "chart": chart,
         "config": config,
         # a failed session offers no download of a config that recommends nothing
@@ -439,7 +539,65 @@ def _session_ctx(db: Database, session_id: int) -> dict[str, Any]:
         and (sess.status != "failed" or any(c["changed"] for c in config)),
         "wl": out.request.get("workload", {}),
         "knobs": _knobs_label(out.request.get("knobs")),
+        # one figure in the objective's units; green when confirmed better, whatever its sign
+        "result": "no change"
+        if out.gain_status in apply_svc.NOTHING
+        else headline(objective, out.gain),
+        "result_ci": ""
+        if out.gain_status in apply_svc.NOTHING
+        else (headline(objective, out.gain, out.gain_ci) or "").partition(" (")[2][:-1],
+        "good": out.gain_status == "confirmed" and (out.gain or 0) > 0,
+        "bad": out.gain_status == "confirmed" and (out.gain or 0) < 0,
+        "notes": [n for n in out.notes if note_kind(str(n)) == "note"],
+        "warnings": [n for n in out.notes if note_kind(str(n)) == "warning"],
+        "applies": applies,
+        "can_apply": sess.status not in ACTIVE_STATUSES
+        and target.retired_at is None
+        and bool(apply_svc.recommended_changes(sess)),
+        "can_rollback": any(a.status == "applied" for a in applies),
     }
+
+
+def _levels(db: Database, session_id: int, request: dict[str, Any]) -> dict[int, float | None]:
+    """Each run's level in the objective's unit (ms), from its stored transactions."""
+    with db.session() as s:
+        rows = s.execute(
+            select(Trial.index, Trial.evidence).where(Trial.session_id == session_id)
+        ).all()
+    return {index: run_value(evidence, request) for index, evidence in rows}
+
+
+def verdict_rows(trials: list[dict[str, Any]], objective: str) -> list[dict[str, Any]]:
+    """The trial table's rows with each verdict on the candidate it judged.
+
+    A keep or revert decided on an incumbent re-run (C I I: it lands on the last I) is
+    shown on the candidate's row with its gain and p; the re-run says which trial it
+    decided. Gains read in the objective's units (a query time that fell: -20%).
+    """
+    rows = [
+        {
+            **t,
+            "shown_verdict": t["verdict"],
+            "shown_gain": t["gain"],
+            "shown_p": t["p_value"],
+            "decided": None,
+        }
+        for t in trials
+    ]
+    last: dict[str, Any] | None = None
+    for row in rows:
+        if row["role"] == "candidate":
+            last = row
+        elif row["verdict"] in ("keep", "revert") and last is not None:
+            last.update(
+                shown_verdict=row["verdict"], shown_gain=row["gain"], shown_p=row["p_value"]
+            )
+            row.update(shown_verdict=None, shown_gain=None, shown_p=None, decided=last["index"])
+            last = None
+    for row in rows:
+        if row["shown_gain"] is not None:
+            row["shown_gain"] = in_units(objective, row["shown_gain"])
+    return rows
 
 
 def _knobs_label(knobs: list[Any] | None) -> str:
@@ -465,7 +623,7 @@ def _session_page(
 ) -> HTMLResponse:
     try:
         ctx = _session_ctx(db, session_id)
-    except service.ServiceError as exc:
+    except ServiceError as exc:
         return _page(request, "error.html", {"message": exc.message}, exc.status)
     return _page(request, "session.html", {**ctx, "error": error}, status)
 
@@ -487,7 +645,7 @@ def session_results(session_id: int, request: Request, db: DB) -> HTMLResponse:
     """The chart, config and trial table: the live view swaps it in when a trial completes."""
     try:
         ctx = _session_ctx(db, session_id)
-    except service.ServiceError as exc:
+    except ServiceError as exc:
         return _page(request, "error.html", {"message": exc.message}, exc.status)
     return _page(request, "_results.html", ctx)
 
@@ -496,7 +654,7 @@ def session_results(session_id: int, request: Request, db: DB) -> HTMLResponse:
 def _latest_sweeps(db: Database) -> dict[int, Sweep]:
     """Each target's newest sweep, in one query over the newest sweeps."""
     out: dict[int, Sweep] = {}
-    for sw in sweeps.list_sweeps(db, limit=200):
+    for sw in sweep_svc.list_sweeps(db, limit=200):
         out.setdefault(sw.target_id, sw)
     return out
 
@@ -505,11 +663,11 @@ def _sweep_page(
     request: Request, db: Database, sweep_id: int, error: str | None = None, status: int = 200
 ) -> HTMLResponse:
     try:
-        sw = sweeps.get_sweep(db, sweep_id)
-        target = service.get_target(db, sw.target_id)
-    except service.ServiceError as exc:
+        sw = sweep_svc.get_sweep(db, sweep_id)
+        target = target_svc.get_target(db, sw.target_id)
+    except ServiceError as exc:
         return _page(request, "error.html", {"message": exc.message}, exc.status)
-    out = sweeps.sweep_out(sw)
+    out = sweep_svc.sweep_out(sw)
     chart = render_sweep_svg(
         out.points, knee=out.knee_clients, title=f"Client sweep {sw.id}: tps and p99 vs clients"
     )
@@ -523,21 +681,22 @@ def sweep_page(sweep_id: int, request: Request, db: DB) -> HTMLResponse:
 
 
 @post.post("/targets/{target_id}/sweeps")
-def start_sweep(target_id: int, request: Request, db: DB, settings: AppSettings) -> Response:
+def start_sweep(target_id: int, request: Request, db: DB, sched: Sched) -> Response:
     """A sweep with the defaults (tpcb-like, 1, 2, 4, ... to the cap, 10 s runs twice)."""
     try:
-        sw = sweeps.create_sweep(db, target_id, SweepIn(), settings.instance_id)
-    except service.ServiceError as exc:
+        sw = sweep_svc.create_sweep(db, target_id, SweepIn())
+    except ServiceError as exc:
         return _page(request, "error.html", {"message": exc.message}, exc.status)
-    sweeps.start_sweep_job(db, settings, sw.id)
+    if sched is not None:
+        sched.wake()  # the scheduler claims it now, not at its next poll
     return RedirectResponse(f"/sweeps/{sw.id}", status_code=303)
 
 
 @post.post("/sweeps/{sweep_id}/cancel")
 def cancel_sweep(sweep_id: int, request: Request, db: DB) -> Response:
     try:
-        sweeps.cancel_sweep(db, sweep_id)
-    except service.ServiceError as exc:
+        sweep_svc.cancel_sweep(db, sweep_id)
+    except ServiceError as exc:
         return _sweep_page(request, db, sweep_id, error=exc.message, status=exc.status)
     return RedirectResponse(f"/sweeps/{sweep_id}", status_code=303)
 
@@ -545,11 +704,215 @@ def cancel_sweep(sweep_id: int, request: Request, db: DB) -> Response:
 @post.post("/sessions/{session_id}/cancel")
 def cancel(session_id: int, request: Request, db: DB) -> Response:
     try:
-        service.cancel_session(db, session_id)
-    except service.ServiceError as exc:
+        session_svc.cancel_session(db, session_id)
+    except ServiceError as exc:
         return _session_page(request, db, session_id, error=exc.message, status=exc.status)
     request.app.state.pages.forget(session_id)  # the redirect shows 'cancelling' at once
     return RedirectResponse(f"/sessions/{session_id}", status_code=303)
+
+
+# -- captured workloads (issue 28) ------------------------------------------------------
+CAPTURES_SHOWN = 200
+
+
+@page.get("/captures", response_class=HTMLResponse)
+def captures_page(request: Request, db: DB) -> HTMLResponse:
+    names = capture_svc.target_names(db)
+    rows = [
+        capture_svc.capture_out(c, names.get(c.target_id or 0))
+        for c in capture_svc.list_captures(db, CAPTURES_SHOWN)
+    ]
+    ctx = {
+        "captures": rows,
+        "shown": CAPTURES_SHOWN,
+        "any_active": any(c.status in ACTIVE_STATUSES for c in rows),
+    }
+    return _page(request, "captures.html", ctx)
+
+
+def _capture_page(
+    request: Request,
+    db: Database,
+    capture_id: int,
+    *,
+    error: str | None = None,
+    form: dict[str, str] | None = None,
+    status: int = 200,
+) -> HTMLResponse:
+    try:
+        cap = capture_svc.get_capture(db, capture_id)
+    except ServiceError as exc:
+        return _page(request, "error.html", {"message": exc.message}, exc.status)
+    names = capture_svc.target_names(db)
+    ctx = {
+        "c": capture_svc.capture_out(cap, names.get(cap.target_id or 0)),
+        "targets": [{"id": t.id, "name": t.name} for t in target_svc.list_targets(db)],
+        "form": form or {"target_id": str(cap.target_id or ""), "speed": "1"},
+        "error": error,
+    }
+    return _page(request, "capture.html", ctx, status)
+
+
+@page.get("/captures/{capture_id}", response_class=HTMLResponse)
+def capture_page(capture_id: int, request: Request, db: DB) -> HTMLResponse:
+    return _capture_page(request, db, capture_id)
+
+
+@post.post("/captures")
+def start_capture(request: Request, db: DB, sched: Sched, form: Form) -> Response:
+    """The target section's capture form: target, seconds, database."""
+    body: dict[str, Any] = {
+        "target_id": form.get("target_id", "").strip(),
+        "name": form.get("name", "").strip(),
+        "seconds": form.get("seconds", "").strip(),
+    }
+    if database := form.get("database", "").strip():
+        body["database"] = database
+    if not body["name"]:
+        names = {str(t.id): t.name for t in target_svc.list_targets(db)}
+        target = names.get(str(body["target_id"]), "capture")
+        body["name"] = _capture_name(target)
+    try:
+        cap = capture_svc.create_capture(db, CaptureIn.model_validate(body))
+    except ValidationError as exc:
+        message = _validation_message(exc)
+        code = 422
+    except ServiceError as exc:
+        message, code = exc.message, exc.status
+    else:
+        if sched is not None:
+            sched.wake()
+        return RedirectResponse(f"/captures/{cap.id}", status_code=303)
+    return _index(request, db, capture_form=form, capture_error=message, status=code)
+
+
+def _capture_name(target: str) -> str:
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "-", target).strip("-.") or "capture"
+    if not base[0].isalpha():
+        base = f"capture-{base}"
+    return f"{base[:80]}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+@post.post("/captures/{capture_id}/cancel")
+def cancel_capture(capture_id: int, request: Request, db: DB) -> Response:
+    try:
+        capture_svc.cancel_capture(db, capture_id)
+    except ServiceError as exc:
+        return _capture_page(request, db, capture_id, error=exc.message, status=exc.status)
+    return RedirectResponse(f"/captures/{capture_id}", status_code=303)
+
+
+@post.post("/captures/{capture_id}/delete")
+def delete_capture(capture_id: int, request: Request, db: DB, settings: AppSettings) -> Response:
+    try:
+        capture_svc.delete_capture(db, settings, capture_id)
+    except ServiceError as exc:
+        return _capture_page(request, db, capture_id, error=exc.message, status=exc.status)
+    return RedirectResponse("/captures", status_code=303)
+
+
+@post.post("/captures/{capture_id}/sessions")
+def session_from_capture(capture_id: int, request: Request, db: DB, form: Form) -> Response:
+    """A session whose benchmark replays the capture (the replay workload)."""
+    workload: dict[str, Any] = {"replay": capture_id}
+    if speed := form.get("speed", "").strip():
+        workload["speed"] = speed
+    if database := form.get("replay_database", "").strip():
+        workload["replay_database"] = database
+    for key in ("duration_s", "warmup_s"):
+        if value := form.get(key, "").strip():
+            workload[key] = value
+    body: dict[str, Any] = {"target_id": form.get("target_id", "").strip(), "workload": workload}
+    if max_trials := form.get("max_trials", "").strip():
+        body["max_trials"] = max_trials
+    knobs = [k for k in re.split(r"[\s,]+", form.get("knobs", "")) if k]
+    if knobs:
+        body["knobs"] = knobs
+    try:
+        sess = session_svc.create_session(db, SessionIn.model_validate(body))
+    except ValidationError as exc:
+        message, code = _validation_message(exc), 422
+    except ServiceError as exc:
+        message, code = exc.message, exc.status
+    else:
+        return RedirectResponse(f"/sessions/{sess.id}", status_code=303)
+    return _capture_page(request, db, capture_id, error=message, form=form, status=code)
+
+
+# -- apply a recommendation, roll it back (issue 27) -------------------------------------
+def _apply_page(
+    request: Request,
+    db: Database,
+    session_id: int,
+    *,
+    step: str,
+    res: ApplyOut | None = None,
+    error: str | None = None,
+    status: int = 200,
+) -> HTMLResponse:
+    try:
+        sess = session_svc.session_out(db, session_svc.get_session(db, session_id), detail=False)
+    except ServiceError as exc:
+        return _page(request, "error.html", {"message": exc.message}, exc.status)
+    ctx = {"s": sess, "res": res, "step": step, "error": error}
+    return _page(request, "apply.html", ctx, status)
+
+
+@page.get("/sessions/{session_id}/apply", response_class=HTMLResponse)
+def apply_review(session_id: int, request: Request, db: DB) -> HTMLResponse:
+    """What applying would change on the server (a dry run), and the button to do it."""
+    try:
+        res = apply_svc.apply_session(
+            db, request.app.state.settings, session_id, ApplyIn(dry_run=True)
+        )
+    except ServiceError as exc:
+        return _apply_page(
+            request, db, session_id, step="apply", error=exc.message, status=exc.status
+        )
+    return _apply_page(request, db, session_id, step="apply", res=res)
+
+
+@post.post("/sessions/{session_id}/apply")
+def apply_now(session_id: int, request: Request, db: DB, form: Form) -> Response:
+    body = ApplyIn(force=form.get("force") == "on", restart=form.get("restart") == "on")
+    try:
+        res = apply_svc.apply_session(db, request.app.state.settings, session_id, body)
+    except ServiceError as exc:
+        return _apply_page(
+            request, db, session_id, step="apply", error=exc.message, status=exc.status
+        )
+    request.app.state.pages.forget(session_id)
+    return _apply_page(request, db, session_id, step="done", res=res)
+
+
+@page.get("/sessions/{session_id}/rollback", response_class=HTMLResponse)
+def rollback_review(session_id: int, request: Request, db: DB) -> HTMLResponse:
+    try:
+        res = apply_svc.rollback_session(
+            db, request.app.state.settings, session_id, RollbackIn(dry_run=True)
+        )
+    except ServiceError as exc:
+        return _apply_page(
+            request, db, session_id, step="rollback", error=exc.message, status=exc.status
+        )
+    return _apply_page(request, db, session_id, step="rollback", res=res)
+
+
+@post.post("/sessions/{session_id}/rollback")
+def rollback_now(session_id: int, request: Request, db: DB, form: Form) -> Response:
+    try:
+        res = apply_svc.rollback_session(
+            db,
+            request.app.state.settings,
+            session_id,
+            RollbackIn(confirm=form.get("confirm") == "on"),
+        )
+    except ServiceError as exc:
+        return _apply_page(
+            request, db, session_id, step="rollback", error=exc.message, status=exc.status
+        )
+    request.app.state.pages.forget(session_id)
+    return _apply_page(request, db, session_id, step="done", res=res)
 
 
 # -- login (only meaningful when KNOBTUNE_API_TOKEN is set) -----------------------------
@@ -573,7 +936,15 @@ def login(request: Request, settings: AppSettings, form: Form) -> Response:
     if settings.api_token is None:
         return RedirectResponse(nxt, status_code=303)
     given = form.get("token", "").strip()
-    if not token_ok(settings, given):
+    try:
+        ok = authenticate(request, given)  # counts wrong tokens per address (429 when locked)
+    except HTTPException as exc:
+        if exc.status_code != 429:
+            raise
+        locked = _page(request, "login.html", {"next": nxt, "error": exc.detail}, 429)
+        locked.headers.update(exc.headers or {})
+        return locked
+    if not ok:
         ctx = {"next": nxt, "error": "wrong token: give the service's KNOBTUNE_API_TOKEN"}
         return _page(request, "login.html", ctx, 401)
     resp = RedirectResponse(nxt, status_code=303)

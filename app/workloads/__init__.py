@@ -5,12 +5,42 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from app.workloads.base import Workload, WorkloadError
 
 if TYPE_CHECKING:
     from app.schemas import WorkloadIn
+    from app.workloads.replay import CaptureSource
+
+# Where a replay's captured log comes from: capture id -> its log text (or a
+# CaptureSource: the text and the captured database). The capture store registers it at
+# the service's start (set_capture_loader); workloads never import the store. The loader
+# raises WorkloadError (or LookupError for an unknown id) with a message for the user.
+CaptureLoader = Callable[[int], "str | CaptureSource"]
+_capture_loader: CaptureLoader | None = None
+
+
+def set_capture_loader(loader: CaptureLoader | None) -> None:
+    """Register how a replay gets its capture's log (None: replays are unavailable)."""
+    global _capture_loader
+    _capture_loader = loader
+
+
+def _capture(capture_id: int) -> Callable[[], str | CaptureSource]:
+    """The log of ``capture_id``, loaded when the replay first needs it."""
+    loader = _capture_loader
+    if loader is None:
+        raise WorkloadError("replays are not available: this service has no capture store")
+
+    def load() -> str | CaptureSource:
+        try:
+            return loader(capture_id)
+        except LookupError:
+            raise WorkloadError(f"unknown capture {capture_id}") from None
+
+    return load
 
 
 def workload_for(wl: WorkloadIn, *, clients: int | None = None) -> Workload:
@@ -21,6 +51,17 @@ def workload_for(wl: WorkloadIn, *, clients: int | None = None) -> Workload:
     n = clients if clients is not None else (wl.clients if isinstance(wl.clients, int) else 1)
     queries = tuple(wl.queries) if wl.queries else None
     try:
+        if wl.replay is not None:
+            from app.workloads.replay import Replay
+
+            return Replay(
+                _capture(wl.replay),
+                duration_s=wl.duration_s,
+                warmup_s=wl.warmup_s,
+                speed=wl.speed,
+                replay_database=wl.replay_database,
+                isolation=wl.isolation,
+            )
         if wl.builtin == "tpch":
             from app.workloads.tpch import Tpch
 

@@ -11,6 +11,8 @@ Scripts are labelled so that evidence is per transaction type or per query:
 
 * several scripts, chosen by pgbench at random by weight: a transaction's label is its
   script's ``name`` (pgbench logs the script number of every transaction);
+* a replay of a captured workload: the replay player logs every statement with its
+  label's number, and the stream's scripts are the labels (name = label text);
 * one script that runs queries in turn (TPC-H's power and throughput tests): the script
   keeps a per-client counter ``n`` (``-D n=0``, ``\\set n :n + 1``) and runs query
   ``sequence[(n - 1 + client_id * stride) % len(sequence)]``; the label of a client's k-th
@@ -23,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
+
+from app.replay.plan import ReplayRun
 
 Isolation = Literal["read committed", "repeatable read", "serializable"]
 
@@ -54,6 +58,10 @@ class Stream:
     sequence: tuple[str, ...] = ()
     stride: int = 0
     weight: float = 1.0  # this stream's weight in a weighted-geometric-mean objective
+    # a captured workload's replay (app/workloads/replay.py): the replay player runs its
+    # plan instead of pgbench running scripts; ``scripts`` are then its labels (a label's
+    # weight: its calls in the measured window), in the player's script numbers
+    replay: ReplayRun | None = None
 
     def script_names(self) -> list[str]:
         """Labels of pgbench's script numbers, in pgbench's order (builtin first)."""

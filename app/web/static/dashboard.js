@@ -131,7 +131,47 @@
     setTimeout(tick, POLL_MS * 2);
   }
 
+  // The session form: each workload's own defaults as placeholders, and how long the
+  // session may take (runs x run length), updated as the form changes.
+  function sessionForm(form) {
+    const est = document.getElementById("estimate");
+    if (!est) return;
+    const defaults = JSON.parse(est.dataset.defaults || "{}");
+    const FIELDS = ["scale", "clients", "jobs", "duration_s", "warmup_s"];
+    function num(name) {
+      const el = form.elements[name];
+      const v = el ? Number(el.value) : NaN;
+      return el && el.value !== "" && v > 0 ? v : null;
+    }
+    function when(s) {
+      if (s < 90) return s + " s";
+      if (s < 5400) return Math.round(s / 60) + " min";
+      return (s / 3600).toFixed(1) + " h";
+    }
+    function update() {
+      const b = form.elements["builtin"].value;
+      const mode = form.elements["mode"] ? form.elements["mode"].value : "power";
+      const script = form.elements["script"] && form.elements["script"].value.trim() !== "";
+      let key = b === "tpch" && mode === "throughput" ? "tpch-throughput" : b;
+      if (key === "" && script) key = "none";
+      const d = defaults[key] || defaults[""];
+      for (const f of FIELDS) {
+        const el = form.elements[f];
+        if (el && d) el.placeholder = String(d[f]);
+      }
+      const runs = num("max_trials") || 30;
+      const dur = num("duration_s") || (d ? d.duration_s : 60);
+      est.textContent = "About " + when(runs * dur) + ": up to " + runs + " runs × " + dur +
+        " s, plus loading the data and warming up after restarts.";
+    }
+    form.addEventListener("input", update);
+    form.addEventListener("change", update);
+    update();
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    const form = document.getElementById("session-form");
+    if (form) sessionForm(form);
     const session = document.getElementById("session");
     if (session) liveSession(session);
     const box = document.querySelector("[data-refresh-sessions]");

@@ -1,0 +1,101 @@
+"""/api/v1/sessions: start, list, poll and cancel tuning sessions; trials; exports;
+apply a session's recommendation to its target and roll it back."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import Query, Response
+from fastapi.responses import PlainTextResponse
+
+from app.api.deps import DB, AppSettings, api_router
+from app.schemas import ApplyIn, ApplyOut, RollbackIn, SessionIn, SessionOut, TrialOut
+from app.sessions import apply, export, service
+from app.sessions.summary import run_value
+
+router = api_router("sessions")
+
+Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+@router.post("/sessions", status_code=202, response_model=SessionOut)
+def create_session(body: SessionIn, db: DB, response: Response) -> SessionOut:
+    sess = service.create_session(db, body)
+    response.headers["Location"] = f"/api/v1/sessions/{sess.id}"
+    return service.session_out(db, sess)
+
+
+@router.get("/sessions", response_model=list[SessionOut])
+def list_sessions(
+    db: DB,
+    status: Status | None = None,
+    target_id: int | None = None,
+    limit: int = Query(default=100, ge=1, le=1000),
+) -> list[SessionOut]:
+    return service.sessions_out(
+        db, service.list_sessions(db, status=status, target_id=target_id, limit=limit)
+    )
+
+
+@router.get("/sessions/{session_id}", response_model=SessionOut)
+def get_session(session_id: int, db: DB) -> SessionOut:
+    return service.session_out(db, service.get_session(db, session_id))
+
+
+@router.post("/sessions/{session_id}/cancel", status_code=202, response_model=SessionOut)
+def cancel_session(session_id: int, db: DB) -> SessionOut:
+    return service.session_out(db, service.cancel_session(db, session_id))
+
+
+@router.get("/sessions/{session_id}/trials", response_model=list[TrialOut])
+def list_trials(session_id: int, db: DB) -> list[TrialOut]:
+    request = service.get_session(db, session_id).request
+    out = []
+    for t in service.list_trials(db, session_id):
+        row = service.trial_out(t)
+        row.level = run_value(t.evidence, request)
+        out.append(row)
+    return out
+
+
+@router.get("/sessions/{session_id}/config", response_class=PlainTextResponse)
+def export_config(
+    session_id: int, db: DB, format: Literal["conf", "sql", "json"] = "conf"
+) -> Response:
+    body = export.export(db, session_id, format)
+    media = {"conf": "text/plain", "sql": "application/sql", "json": "application/json"}[format]
+    filename = {"conf": "postgresql.conf", "sql": "knobtune.sql", "json": "knobtune.json"}[format]
+    return Response(
+        body,
+        media_type=f"{media}; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="session-{session_id}-{filename}"'},
+    )
+
+
+@router.post("/sessions/{session_id}/apply", response_model=ApplyOut)
+def apply_session(
+    session_id: int, db: DB, settings: AppSettings, body: ApplyIn | None = None
+) -> ApplyOut:
+    """Apply the session's recommendation to its target (``dry_run``: only the diff).
+
+    ALTER SYSTEM, a reload (a restart where a knob needs one and the target has a
+    restart method), every value checked in pg_settings; recorded for a rollback.
+    """
+    return apply.apply_session(db, settings, session_id, body or ApplyIn())
+
+
+@router.post("/sessions/{session_id}/rollback", response_model=ApplyOut)
+def rollback_session(
+    session_id: int, db: DB, settings: AppSettings, body: RollbackIn | None = None
+) -> ApplyOut:
+    """Put back the settings the session's last apply replaced.
+
+    A server whose settings changed since the apply gets 409 with the difference, unless
+    ``confirm`` is true.
+    """
+    return apply.rollback_session(db, settings, session_id, body or RollbackIn())
+
+
+@router.get("/sessions/{session_id}/applies", response_model=list[ApplyOut])
+def list_applies(session_id: int, db: DB) -> list[ApplyOut]:
+    return apply.list_applies(db, session_id)

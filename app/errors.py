@@ -1,0 +1,50 @@
+"""Errors a user can fix, shared by every domain; depends on nothing in app/.
+
+A service raises :class:`ServiceError` with an HTTP status and a message that says what
+to change, in the domain's words. Where the fix is another request (list the targets,
+register one, delete with a history choice), ``fix`` names it without naming a REST
+path: the API layer (app/api/errors.py) turns it into one, the dashboard and the CLI say
+it their own way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# What would fix the error, as an action on a domain; the API adds its path.
+Fix = Literal[
+    "list-targets",
+    "list-sessions",
+    "list-sweeps",
+    "list-captures",
+    "import-capture",
+    "register-target",
+    "delete-target-history",
+]
+
+
+@dataclass
+class ServiceError(Exception):
+    """An error the user can fix: an HTTP status and a message that says what to change."""
+
+    status: int
+    message: str
+    fix: Fix | None = None
+    # what the fix is about (e.g. the target's id for "delete-target-history")
+    about: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+_ID_MAX = 2**63 - 1  # the metadata DB's integers are 64-bit at most
+
+
+def to_id(n: int) -> int:
+    """An id as a query parameter; one no 64-bit column can hold matches nothing (0).
+
+    SQLite's driver raises on Python ints beyond 64 bits: looking one up must be
+    "not found", not a server error.
+    """
+    return n if -_ID_MAX - 1 <= n <= _ID_MAX else 0

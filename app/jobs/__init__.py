@@ -1,0 +1,1 @@
+"""Background jobs: the scheduler that claims sessions and sweeps and fires schedules."""

@@ -1,0 +1,130 @@
+"""The lease heartbeat shared by sessions, sweeps and captures: renew, publish, notice a cancel.
+
+A row that background work holds (``sessions``, ``sweeps`` or ``captures``) carries ``lease_owner``,
+``lease_expires_at`` and ``cancel_requested``. Once a second the heartbeat renews the
+lease (a compare-and-set on the owner), writes what the work publishes (live samples, its
+phase) and reads the cancel flag. A lease taken by another process sets ``lost``; a
+cancel sets ``cancel``; either sets ``stop_bench`` so that pgbench stops at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import update
+
+from app.db import Database, changed_rows, db_message, utcnow
+from app.models import Capture, Sweep, TuningSession
+
+log = logging.getLogger(__name__)
+
+LIVE_SAMPLES = 120  # per-second samples kept for the live view
+
+
+class Cancelled(Exception):
+    """The user asked to cancel."""
+
+
+class LeaseLost(Exception):
+    """Another process took the work over: stop without touching the target."""
+
+
+Leased = type[TuningSession] | type[Sweep] | type[Capture]
+
+
+def write_leased(db: Database, model: Leased, row_id: int, owner: str, **values: Any) -> None:
+    """Write ``values`` to a row this process holds the lease of; LeaseLost when another
+    process took it over (its work, not ours, from now on)."""
+    with db.session() as s:
+        n = changed_rows(
+            s,
+            update(model).where(model.id == row_id, model.lease_owner == owner).values(**values),
+        )
+    if n == 0:
+        raise LeaseLost
+
+
+class Heartbeat:
+    """Renews the lease of one row, publishes its values and notices a cancel, once a second.
+
+    ``publish(now)`` gives the extra columns written with every beat (a session's live
+    samples, a sweep's phase).
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        model: Leased,
+        row_id: int,
+        owner: str,
+        lease_s: float,
+        publish: Callable[[datetime], dict[str, Any]] | None = None,
+    ) -> None:
+        self.db, self.model, self.row_id, self.owner = db, model, row_id, owner
+        self.lease_s = lease_s
+        self.publish = publish
+        self.what = f"{model.__tablename__[:-1]} {row_id}"  # "session 3", "sweep 4"
+        self.live: deque[float] = deque(maxlen=LIVE_SAMPLES)
+        self.cancel = threading.Event()  # user asked to cancel
+        self.lost = threading.Event()  # lease taken by another process
+        self.stop_bench = threading.Event()  # either of the above: stop pgbench now
+        self._done = threading.Event()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"heartbeat-{self.what.replace(' ', '-')}", daemon=True
+        )
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(timeout=10)
+
+    def sample(self, _t: float, tps: float) -> None:
+        self.live.append(tps)
+
+    def _loop(self) -> None:
+        failing = False
+        while not self._done.wait(1.0):
+            try:
+                self.beat()
+                if failing:
+                    log.warning("heartbeat of %s works again", self.what)
+                failing = False
+            except Exception as exc:  # metadata DB briefly unavailable: keep the run going
+                if not failing:  # once per outage, not once a second
+                    log.warning("heartbeat of %s failed: %s", self.what, db_message(exc))
+                failing = True
+
+    def beat(self) -> None:
+        now = utcnow()
+        values: dict[str, Any] = {"lease_expires_at": now + timedelta(seconds=self.lease_s)}
+        if self.publish is not None:
+            values |= self.publish(now)
+        m = self.model
+        with self.db.session() as s:
+            res = s.execute(
+                update(m)
+                .where(m.id == self.row_id, m.lease_owner == self.owner)
+                .values(**values)
+                .returning(m.cancel_requested)
+            ).first()
+        if res is None:
+            self.lost.set()
+            self.stop_bench.set()
+        elif res[0]:
+            self.cancel.set()
+            self.stop_bench.set()
+
+    def check(self) -> None:
+        """Raise LeaseLost or Cancelled once the heartbeat has seen either."""
+        if self.lost.is_set():
+            raise LeaseLost
+        if self.cancel.is_set():
+            raise Cancelled

@@ -1,0 +1,391 @@
+"""One trial on a target: guard, apply, warm-up, reset, run, stats -> an outcome.
+
+:class:`TrialExecutor` is what a session (and bench/e2e.py) calls to measure a config:
+
+* the **memory guard** first (``optimizer.guard.memory_guard``): a candidate that would
+  not fit the target's RAM is never applied (``rejected``, no run);
+* **apply** the config (``ALTER SYSTEM``, reload or restart); a restart empties
+  shared_buffers, so a **warm-up** load runs until throughput levels off: a cold run is
+  never compared with a warm one (docs/architecture.md: 1,298 vs ~3,700 tps);
+* **reset** the workload's data, so that every measured run starts from the same data;
+* **run** every stream of the workload at once; a candidate's first stream is watched by
+  the **performance guard** (``ThroughputWatch``: collapse or failed transactions against
+  the incumbent's recent runs), which stops it early (``rejected``);
+* per-stream **stats** from the transaction logs, and the optimizer's ``Measurement``.
+
+It reports through callbacks (:class:`TrialHooks`: phase text, what is applied, live
+samples, a checkpoint that may raise to abort) and returns a :class:`TrialOutcome`. It
+never registers with the optimizer, writes the metadata DB or recovers the target: the
+session does that with the outcome (app/runs/session.py), so nothing here calls back up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import psycopg
+
+from app.db import utcnow
+from app.evidence import bench_spec, stream_stat
+from app.postgres.benchlock import BenchTurn, HostBenchLock
+from app.postgres.pgbench import BenchResult, BenchSpec, run_streams
+from app.postgres.pgbench_output import ProgressSample
+from app.postgres.target import ApplyResult, ConnectError, TargetError
+from app.tuning import describe, measurement
+from app.workloads.base import Stream, Workload, WorkloadError
+from optimizer.descent import Candidate, Measurement
+from optimizer.evidence import StreamStat
+from optimizer.guard import ThroughputWatch, guard_window, memory_guard, warmed_up
+from optimizer.knobs import Config
+
+INCUMBENT_RUNS = 3  # recent incumbent runs whose median level the performance guard uses
+
+
+class Applier(Protocol):
+    """What a trial needs of a target (TargetController, or a fake in tests)."""
+
+    def apply(
+        self, config: Mapping[str, str], *, on_restart: Callable[[], None] | None = None
+    ) -> ApplyResult: ...
+
+    def is_up(self) -> bool: ...
+
+
+@dataclass
+class TrialHooks:
+    """How a trial reports while it runs; the defaults do nothing."""
+
+    # the phase a user sees ("applying work_mem=8MB", "warming up after restart", ...)
+    on_phase: Callable[[str], None] = lambda _text: None
+    # what the target may be set to now, recorded before an apply (a crash leaves a trace);
+    # ``phase`` says what happens next, if anything ("restarting ...")
+    on_applied: Callable[[dict[str, Any], str | None], None] = lambda _applied, _phase: None
+    on_run_start: Callable[[], None] = lambda: None  # a measured run begins (live view)
+    on_sample: Callable[[float, float], None] | None = None  # (second, tps) of the first stream
+    # between steps: raise to abort the trial (a cancel, a lost lease)
+    check: Callable[[], None] = lambda: None
+
+
+@dataclass
+class TrialOutcome:
+    """What one trial measured, for the optimizer and the trial row."""
+
+    candidate: Candidate
+    started: datetime
+    measurement: Measurement  # a failed one when the trial failed or was rejected
+    timings: dict[str, float] = field(default_factory=dict)
+    result: BenchResult | None = None  # the measured run (first stream, every failure)
+    error: str | None = None  # apply, reset or benchmark failure
+    rejected: str | None = None  # a guard's reason: memory (no run) or performance (early stop)
+    down: bool = False  # the target stopped answering
+    host: dict[str, Any] = field(default_factory=dict)  # the host's load at the end (local)
+    turn: BenchTurn | None = None  # how the run got its turn on the host (app/postgres/benchlock)
+
+    @property
+    def ran(self) -> bool:
+        """A run was attempted (False: rejected before anything was applied)."""
+        return self.result is not None or self.error is not None
+
+    @property
+    def fatal(self) -> bool:
+        """pgbench cannot run on this host at all: no later trial can either."""
+        return self.result is not None and self.result.fatal
+
+    @property
+    def stopped_early(self) -> bool:
+        """The performance guard stopped the run: the incumbent must be applied again."""
+        return self.result is not None and self.result.early_stop is not None
+
+
+class TrialExecutor:
+    """Runs trials of one workload on one target (see the module docstring)."""
+
+    def __init__(
+        self,
+        target: Applier,
+        dsn: str,
+        workload: Workload,
+        *,
+        duration_s: int,
+        warmup_s: int,
+        rate: float | None = None,
+        effective: Mapping[str, str] | None = None,
+        ram_bytes: int | None = None,
+        workdir: Path | None = None,
+        app_name: str | None = None,
+        warmup_run_s: int | None = None,
+        stop: threading.Event | None = None,
+        hooks: TrialHooks | None = None,
+        scrub: Callable[[str], str] = lambda text: text,
+        local: bool = False,
+        bench_lock: HostBenchLock | None = None,
+    ) -> None:
+        self.target, self.dsn, self.workload = target, dsn, workload
+        self.bench_lock = bench_lock  # one benchmark per host at a time (its slots)
+        self.streams: list[Stream] = workload.streams()
+        self.specs: list[BenchSpec] = [
+            bench_spec(st, duration_s=duration_s, warmup_s=warmup_s, rate=rate)
+            for st in self.streams
+        ]
+        self.effective = dict(effective or {})  # knobs outside the space keep these values
+        self.ram_bytes = ram_bytes
+        self.workdir, self.app_name = workdir, app_name
+        # a discarded run of this many seconds before every measured run (bench/e2e.py's
+        # confirmation); None: warm up only after a restart, until throughput levels off
+        self.warmup_run_s = warmup_run_s
+        self.stop = stop
+        self.hooks = hooks or TrialHooks()
+        self.scrub = scrub
+        self.local = local
+        # config -> per-second samples of its successful runs (after the warm-up)
+        self._runs: dict[str, list[list[float]]] = {}
+        self._failures: dict[str, list[int]] = {}  # config -> failed transactions per run
+
+    # -- the trial ------------------------------------------------------------------------
+    def run(self, cand: Candidate, *, incumbent: Config, remeasuring: bool = False) -> TrialOutcome:
+        """Measure ``cand`` (``incumbent``: the config the guards compare it with).
+
+        ``remeasuring``: the server's load just moved, and the phase says so.
+        """
+        out = TrialOutcome(cand, utcnow(), measurement((), error="not measured"))
+        if self.bench_lock is None:
+            self._run(out, incumbent, remeasuring)
+        else:
+            # the whole trial (apply, warm-up, reset, runs) is the host's load of this session
+            with self.bench_lock.turn(self.stop) as turn:
+                self._run(out, incumbent, remeasuring)
+            out.turn = turn
+            out.timings["bench_wait_s"] = round(turn.waited_s, 3)
+        out.host = _host_load() if self.local else {}
+        return out
+
+    def _run(self, out: TrialOutcome, incumbent: Config, remeasuring: bool) -> None:
+        cand, hooks, spec = out.candidate, self.hooks, self.specs[0]
+        if cand.role == "candidate":
+            reason = self.memory_check(cand.config, incumbent)
+            if reason is not None:
+                out.rejected = reason
+                out.measurement = measurement((), error=reason)
+                return
+        label = _label(cand)
+        hooks.on_phase(f"applying {label}")
+        applied_at = {"config": cand.config, "at": out.started.isoformat(), "trial": cand.index + 1}
+        hooks.on_applied(applied_at, None)
+
+        def restarting() -> None:
+            hooks.on_applied(
+                {**applied_at, "restarting": True}, f"restarting the target for {label}"
+            )
+
+        applied: ApplyResult | None
+        t = time.monotonic()
+        try:
+            applied = self.target.apply(cand.config, on_restart=restarting)
+        except ConnectError as exc:
+            out.error = f"could not apply: the target is unreachable: {self.scrub(str(exc))}"
+            applied, out.down = None, True
+        except (TargetError, psycopg.Error) as exc:
+            # psycopg.Error: the server went away in the middle of the apply
+            out.error = f"could not apply: {self.scrub(str(exc).strip())}"
+            applied = None
+            out.down = not self.target.is_up()  # also a failed restart whose recovery failed
+        out.timings["apply_s"] = round(time.monotonic() - t, 3)
+        hooks.check()
+        if applied is not None:
+            if applied.restarted or self.warmup_run_s:
+                # A restart empties shared_buffers; a cold run must never be
+                # compared with a warm one (docs/architecture.md: 1,298 vs ~3,700 tps).
+                why = "warming up after restart" if applied.restarted else "warming up"
+                hooks.on_applied(applied_at, why)
+                t = time.monotonic()
+                self.warm_up()
+                out.timings["warmup_s"] = round(time.monotonic() - t, 3)
+                hooks.check()
+            # a load shift was just seen: say so while the session re-measures
+            hooks.on_phase(
+                describe(cand) + (" (the server's load moved: re-measuring)" if remeasuring else "")
+            )
+            try:
+                t = time.monotonic()
+                self.workload.reset(self.dsn)  # every measured run on the same data
+                out.timings["reset_s"] = round(time.monotonic() - t, 3)
+            except WorkloadError as exc:
+                out.error = self.scrub(str(exc))
+                out.down = not self.target.is_up()
+        if applied is None or out.error is not None:
+            out.measurement = measurement((), error=out.error or "not measured")
+            return
+        hooks.on_run_start()
+        watch = self._watch(cand, spec, incumbent)
+        t = time.monotonic()
+        results = run_streams(
+            self.dsn,
+            self.specs,
+            on_sample=hooks.on_sample,
+            stop=self.stop,
+            workdir=self.workdir,
+            watch=watch,
+            app_name=self.app_name,
+        )
+        out.timings["bench_s"] = round(time.monotonic() - t, 3)
+        hooks.check()
+        result = out.result = combined(self.streams, results)
+        if result.early_stop is not None:
+            out.rejected = result.early_stop
+            out.measurement = measurement(result.samples, error=result.early_stop)
+            return
+        if not result.ok:
+            out.error = f"benchmark failed: {self.scrub(result.error or 'unknown error')}"
+            out.down = not result.fatal and not self.target.is_up()
+            out.measurement = measurement(result.samples, error=out.error)
+            return
+        stats = stream_stats(self.streams, results, float(spec.warmup_s))
+        out.measurement = measurement(
+            result.samples,
+            p95_samples=result.latency_p95_samples,
+            p95=result.latency_p95_ms,
+            p99=result.latency_p99_ms,
+            streams=stats,
+            metrics=result.db_metrics,  # the server's counters: WAL rate, the baseline's order
+        )
+        self.remember(cand.config, out.measurement.samples, result.failed_transactions)
+
+    def warm_up(self) -> None:
+        """Discarded load after a restart until throughput levels off (at most one run).
+
+        With ``warmup_run_s``: a discarded run of exactly that long.
+        """
+        if self.warmup_run_s:
+            fixed = [
+                dataclasses.replace(spec, duration_s=self.warmup_run_s, warmup_s=0)
+                for spec in self.specs
+            ]
+            run_streams(
+                self.dsn, fixed, stop=self.stop, workdir=self.workdir, app_name=self.app_name
+            )
+            return
+        seen: list[float] = []
+
+        def level(s: ProgressSample) -> str | None:
+            seen.append(s.tps)
+            return "warm" if warmed_up(seen) else None
+
+        run_streams(
+            self.dsn,
+            [dataclasses.replace(spec, warmup_s=0) for spec in self.specs],
+            stop=self.stop,
+            workdir=self.workdir,
+            watch=level,
+            app_name=self.app_name,
+        )
+
+    # -- guards ---------------------------------------------------------------------------
+    def memory_check(self, config: Config, incumbent: Config) -> str | None:
+        """Why ``config`` would not fit the target's RAM, or None."""
+        if self.ram_bytes is None:
+            return None
+        return memory_guard(
+            {**self.effective, **config},
+            {**self.effective, **incumbent},
+            ram_bytes=self.ram_bytes,
+            clients=sum(st.clients for st in self.streams),
+        )
+
+    def remember(self, config: Mapping[str, str], samples: Sequence[Any], failed: int) -> None:
+        """A successful run of ``config``: the performance guard's reference level."""
+        if samples:
+            self._runs.setdefault(_key(config), []).append([float(x) for x in samples])
+            self._failures.setdefault(_key(config), []).append(failed or 0)
+
+    def _watch(
+        self, cand: Candidate, spec: BenchSpec, incumbent: Config
+    ) -> Callable[[ProgressSample], str | None] | None:
+        """The performance guard of a candidate run (baseline and incumbent runs set the level)."""
+        if cand.role != "candidate":
+            return None
+        key = _key(incumbent)
+        window = guard_window(spec.duration_s - spec.warmup_s)
+        # The incumbent's level over the same seconds the candidate is judged on: a
+        # steady load (pgbench) is level anyway, and a replayed capture's pace follows
+        # its schedule (a quiet first few seconds are not a collapse).
+        levels = [statistics.median(r[:window]) for r in self._runs.get(key, [])[-INCUMBENT_RUNS:]]
+        # Failed transactions reject a candidate only when the incumbent had none:
+        # a workload that always has some (serialization failures) is not a collapse.
+        fail_free = not any(self._failures.get(key, [])[-INCUMBENT_RUNS:])
+        w = ThroughputWatch(
+            reference=statistics.median(levels) if levels else None,
+            warmup_s=spec.warmup_s,
+            window=window,
+        )
+
+        def observe(s: ProgressSample) -> str | None:
+            return w.observe(s.time_s, s.tps, s.failed if fail_free else None)
+
+        return observe
+
+
+def _key(config: Mapping[str, str]) -> str:
+    return repr(sorted(config.items()))
+
+
+def _host_load() -> dict[str, Any]:
+    """The service host's load when a run ended (the target is on it): backs drift notes."""
+    one, five, _ = os.getloadavg()
+    return {"load1": round(one, 2), "load5": round(five, 2), "cpus": os.cpu_count()}
+
+
+def _label(cand: Candidate) -> str:
+    if cand.role in ("baseline", "final-baseline"):
+        return "the baseline config"
+    if cand.role in ("incumbent", "final-incumbent"):
+        return "the incumbent config"
+    return f"{cand.knob}={cand.value}" if cand.knob else str(cand.value)
+
+
+def combined(streams: list[Stream], results: list[BenchResult]) -> BenchResult:
+    """One result for the trial row: the first stream's, with every stream's failure.
+
+    A failure of any stream fails the run; streams ended because another one failed or
+    was stopped early come back stopped, and only the one that failed says why.
+    """
+    first = results[0]
+    if len(results) == 1:
+        return first
+    errors = [
+        f"stream {st.name!r}: {r.error}"
+        for st, r in zip(streams, results, strict=True)
+        if not r.ok and not r.stopped and r.early_stop is None
+    ]
+    out = dataclasses.replace(
+        first,
+        failed_transactions=sum(r.failed_transactions for r in results),
+        fatal=any(r.fatal for r in results),
+        db_metrics=first.db_metrics,
+    )
+    if first.early_stop is not None:
+        return out
+    if errors:
+        out.ok, out.error, out.stopped = False, "; ".join(errors), False
+    return out
+
+
+def stream_stats(
+    streams: list[Stream], results: list[BenchResult], warmup_s: float
+) -> tuple[StreamStat, ...]:
+    """Every stream's transactions; () when a log is empty (the per-second level decides)."""
+    stats = []
+    for st, r in zip(streams, results, strict=True):
+        stat = stream_stat(st, r, warmup_s)
+        if stat is None:
+            return ()
+        stats.append(stat)
+    return tuple(stats)

@@ -1,0 +1,1 @@
+"""Sessions: tuning sessions as a user sees them (requests, progress, exports, schedules)."""

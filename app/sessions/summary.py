@@ -1,0 +1,190 @@
+"""A session's result in plain words: what was found, how sure it is, what to do next.
+
+One sentence per result for the dashboard, the CLI and the API (``SessionOut.summary``),
+and one figure per result in the objective's own units: "query time -34.1%", never
+"+34.1% ... query time -34.1%" (the verdict's gain is "fraction better"; for a time,
+better means lower).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from app.chart import readable
+from app.evidence import streams_from_json
+from optimizer.evidence import FLOOR, Objective, run_level
+
+TIME_OBJECTIVES = ("latency_p95", "query_time_geomean", "query_time_total", "latency_mean")
+_WHAT = {
+    "throughput": "throughput",
+    "latency_p95": "p95 latency",
+    "query_time_geomean": "query time (geometric mean)",
+    "query_time_total": "query time (total)",
+    "latency_mean": "mean latency",
+}
+
+
+def lower_is_better(objective: str) -> bool:
+    return objective in TIME_OBJECTIVES
+
+
+def in_units(objective: str, gain: float) -> float:
+    """The verdict's gain ("fraction better") as the objective's own relative change."""
+    return -gain if lower_is_better(objective) else gain
+
+
+def headline(objective: str, gain: float | None, ci: Sequence[float] | None = None) -> str | None:
+    """ "throughput +12.0% (95% CI +4.0% to +20.1%)", "query time (total) -23.0% (...)"."""
+    if gain is None:
+        return None
+    text = f"{_WHAT.get(objective, objective)} {in_units(objective, gain):+.1%}"
+    if ci:
+        lo, hi = sorted((in_units(objective, ci[0]), in_units(objective, ci[1])))
+        text += f" (95% CI {lo:+.1%} to {hi:+.1%})"
+    return text
+
+
+def changed_knobs(start: Mapping[str, str] | None, best: Mapping[str, str] | None) -> str:
+    """ "work_mem 4MB -> 27.9MB, random_page_cost 4 -> 1.1" ('' when nothing changed)."""
+    start, best = start or {}, best or {}
+    return ", ".join(
+        f"{k} {readable(str(start.get(k, '?')))} -> {readable(str(v))}"
+        for k, v in best.items()
+        if start.get(k) != v
+    )
+
+
+def summary(
+    *,
+    session_id: int,
+    status: str,
+    objective: str,
+    gain_status: str | None,
+    gain: float | None,
+    ci: Sequence[float] | None,
+    start: Mapping[str, str] | None,
+    best: Mapping[str, str] | None,
+    trials: int,
+    error: str | None = None,
+) -> str:
+    """One plain paragraph: what was found, how sure it is, and what to do next."""
+    if status == "queued":
+        return "Waiting to start: the session runs as soon as the scheduler picks it up."
+    said = headline(objective, gain, ci)
+    changes = changed_knobs(start, best)
+    if status == "running":
+        found = (
+            f" So far the best config is {changes} ({said}, not yet checked)." if changes else ""
+        )
+        return (
+            f"Running: {trials} benchmark run(s) so far.{found} The verdict comes from the "
+            "final check at the end; the target is restored unless you asked otherwise."
+        )
+    if status == "failed":
+        return (
+            f"The session failed: {error or 'see the notes'}. The target was restored to its "
+            "settings from before the session. Next: fix what the error names and start again."
+        )
+    ended = "Cancelled: the target was restored. " if status == "cancelled" else ""
+    if gain_status == "confirmed" and changes:
+        return (
+            f"{ended}Found a better configuration: {changes} gives {said}, confirmed by the "
+            "final check (the start and the best config run side by side). Next: compare it "
+            f"with the server's settings and apply it: knobtune apply {session_id} --dry-run, "
+            f"then knobtune apply {session_id} (or the Apply button on its page); or download "
+            "postgresql.conf."
+        )
+    if gain_status == "not-credible":
+        return (
+            f"{ended}No change recommended: the best config ({changes}) measured {said} in the "
+            "final check, which is within this server's run-to-run noise. Next: keep your "
+            "settings; to resolve a small effect, run a longer session (longer runs, more "
+            "final-check runs)."
+        )
+    if gain_status == "unconfirmed" and changes:
+        return (
+            f"{ended}Unconfirmed: the search found {changes} at {said}, but the final check did "
+            "not complete, so that figure compares runs minutes apart and may be drift. Next: "
+            "run the session again with room for the final check before applying anything."
+        )
+    if gain_status == "no-change":
+        return (
+            f"{ended}No change recommended: the final check did not show the search's best "
+            "config better than your current one by more than the noise and min_gain. Next: "
+            "keep your settings; try other knobs or a workload closer to production."
+        )
+    return (
+        f"{ended}No change recommended: nothing beat the current config by more than the "
+        f"noise in {trials} benchmark run(s). Next: keep your settings; try other knobs, or "
+        "a longer session if you expect a small effect."
+    )
+
+
+# -- the chart's unit ------------------------------------------------------------------------
+def chart_axis(objective: str) -> tuple[str, str]:
+    """(axis title, unit) of a session's chart: tps, or milliseconds for time objectives."""
+    if objective == "latency_p95":
+        return "p95 latency per run (ms), lower is better", "ms"
+    if objective == "query_time_geomean":
+        return "query time per run, geometric mean (ms), lower is better", "ms"
+    if objective == "query_time_total":
+        return "query time per run, total (ms), lower is better", "ms"
+    if objective == "latency_mean":
+        return "mean latency per run (ms), lower is better", "ms"
+    return "median tps per run", "tps"
+
+
+def run_value(evidence: Mapping[str, Any] | None, request: Mapping[str, Any]) -> float | None:
+    """A run's level in the objective's own unit (ms) from its stored transactions.
+
+    The same level the verdict judged (optimizer.evidence.run_level); None for throughput
+    (its chart plots the median tps), a run without evidence, or one in which a designed
+    query never finished.
+    """
+    objective = str(request.get("objective", "throughput"))
+    if not lower_is_better(objective):
+        return None
+    streams = streams_from_json(evidence)
+    if not streams:
+        return None
+    obj = Objective(
+        kind=objective,  # type: ignore[arg-type]
+        primary=request.get("objective_stream"),
+        weights=dict(request.get("stream_weights") or {}),
+    )
+    try:
+        level = run_level(streams, obj)
+    except ValueError:
+        return None
+    if level.centre <= FLOOR + 1.0:
+        return None
+    return math.exp(-level.centre)
+
+
+def note_kind(text: str) -> str:
+    """ "warning" for a note that asks for attention, "note" for one that only informs."""
+    low = text.lower()
+    return "warning" if any(w in low for w in _WARNING_WORDS) else "note"
+
+
+_WARNING_WORDS = (
+    "warning",
+    "skipped",
+    "went down",
+    "failed",
+    "far past",
+    "load moved",
+    "not credible",
+    "unsafe",
+    "rejected",
+    "did not",
+    "cannot",
+    "could not",
+    "error",
+    "lost",
+    "crash",
+    "unconfirmed",
+    "recommending no change",
+)

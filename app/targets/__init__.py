@@ -1,0 +1,1 @@
+"""Targets: the servers knobtune may reconfigure, their managed sandboxes, and who holds one."""
