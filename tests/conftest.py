@@ -1,9 +1,16 @@
 """Shared fixtures: disposable PostgreSQL sandbox clusters (real servers, no mocks).
 
-``sandbox`` is one cluster for the whole test session: tests that change its
-configuration must put it back (TargetController.revert). ``sandbox_factory``
+``sandbox`` is one cluster for the whole test session (of each xdist worker): tests that
+change its configuration must put it back (TargetController.revert). ``sandbox_factory``
 makes fresh clusters that are destroyed after the test; ``fresh_sandbox`` is one
 of those.
+
+The suite runs on several xdist workers (pyproject.toml: ``-n``, ``--dist loadfile``):
+most of its time is spent waiting on benchmark runs, not computing. A module runs whole
+on one worker (its module-scoped fixtures are made once); slow modules start first, so
+that no worker is left with a long one at the end. (``--dist loadgroup`` would let the
+three modules that share the CH-benCHmark load share one worker, but pytest 9 ignores
+the node ids pytest-xdist 3.8 renames for it.)
 """
 
 from __future__ import annotations
@@ -19,6 +26,47 @@ from app.postgres.sandbox import Sandbox
 from app.settings import Settings
 
 SandboxFactory = Callable[..., Sandbox]
+
+# The slowest modules first, longest first (the suite's --durations): a worker that
+# picked one up late would otherwise run alone at the end.
+_SLOW_FIRST = (
+    "tests/docs/test_results_commands.py",
+    "tests/docs/test_fresh_copy.py",
+    "tests/acceptance/test_service_lifecycle.py",
+    "tests/docs/test_cli_commands.py",
+    "tests/e2e/test_cli.py",
+    "tests/docs/test_cli_sessions.py",
+    "tests/docs/test_results_e2e_tpch.py",
+    "tests/docs/test_results_e2e_oltp.py",
+    "tests/app/api/test_security.py",
+    "tests/app/sweeps/test_sweep.py",
+    "tests/docs/test_results_e2e_tpcc.py",
+    "tests/docs/test_results_quality.py",
+    "tests/e2e/test_faults.py",
+    "tests/docs/test_readme_steps.py",
+    "tests/app/sessions/test_builtin_sessions.py",
+    "tests/acceptance/test_readme.py",
+    "tests/acceptance/test_cli_user.py",
+    "tests/app/api/test_service_api.py",
+    "tests/e2e/test_dashboard.py",
+    "tests/docs/test_captures.py",
+    "tests/security/test_captures.py",
+    "tests/e2e/test_dashboard_captures.py",
+    "tests/e2e/test_sweep_resume.py",
+    "tests/e2e/test_crash_resume.py",
+    "tests/security/test_restart.py",
+    "tests/app/runs/test_guards.py",
+    "tests/app/workloads/test_chbench.py",
+    "tests/app/workloads/test_tpcc.py",
+    "tests/app/workloads/test_tpch.py",
+    "tests/app/workloads/test_streams.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slow modules first (``--dist loadfile`` hands out whole modules in this order)."""
+    rank = {m: i for i, m in enumerate(_SLOW_FIRST)}
+    items.sort(key=lambda it: rank.get(it.nodeid.split("::")[0], len(rank)))  # stable
 
 
 @pytest.fixture(scope="session")

@@ -12,9 +12,13 @@ from typing import IO, Any
 
 import httpx
 import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from app.models import ACTIVE_STATUSES
-from app.postgres.sandbox import free_port
+from app.postgres.cgroups import CgroupUnavailable, Host, Limits
+from app.postgres.sandbox import BENCH_DB, BENCH_ROLE, Sandbox, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,6 +43,58 @@ def wait_done(client: httpx.Client, sid: int, timeout: float = 300) -> dict[str,
             return body
         time.sleep(0.3)
     raise AssertionError(f"session {sid} did not finish in {timeout:g} s: {body}")
+
+
+def wait_capture(
+    client: Any, cid: int, *, until: str = "final", timeout: float = 120
+) -> dict[str, Any]:
+    """The capture's body once it is final, or (``until="logging"``) once it logs."""
+    deadline = time.monotonic() + timeout
+    body: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        body = client.get(f"/api/v1/captures/{cid}").json()
+        if until == "logging" and body["phase"].startswith("logging every statement"):
+            return body
+        if body["status"] not in ("queued", "running"):
+            if until == "logging":
+                raise AssertionError(f"capture {cid} ended before logging: {body}")
+            return body
+        time.sleep(0.2)
+    raise AssertionError(f"capture {cid} did not get there in {timeout:g} s: {body}")
+
+
+# What a server needs for a capture: its stderr log in files the collector writes.
+LOGGING = {
+    "logging_collector": "on",
+    "log_directory": "log",
+    "log_filename": "postgresql-%Y%m%d-%H%M%S.log",
+}
+PGSS = {"shared_preload_libraries": "pg_stat_statements"}
+
+
+def logging_sandbox(
+    *, pgss: bool = True, database: str = BENCH_DB, limits: Limits | None = None
+) -> Sandbox:
+    """A sandbox (in ``limits``' cgroup, if any) whose log a capture can read; with
+    ``pgss``, pg_stat_statements loaded and installed in ``database``: the benchmark
+    database, or one made for the benchmark role (its owner) that an application uses."""
+    sb = Sandbox.create(settings=LOGGING | (PGSS if pgss else {}), limits=limits)
+    try:
+        if database != BENCH_DB:
+            with psycopg.connect(sb.dsn, autocommit=True) as conn:
+                conn.execute(
+                    sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                        sql.Identifier(database), sql.Identifier(BENCH_ROLE)
+                    )
+                )
+        if pgss:
+            # the superuser installs it in the workload's database
+            with psycopg.connect(make_conninfo(sb.dsn, dbname=database), autocommit=True) as conn:
+                conn.execute("CREATE EXTENSION pg_stat_statements")
+    except BaseException:
+        sb.destroy()
+        raise
+    return sb
 
 
 def file_settings(dsn: str) -> list[tuple[Any, ...]]:
@@ -111,3 +167,21 @@ class ServiceProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def _cgroups_missing() -> str | None:
+    """Why this host cannot cap a sandbox (None: it can)."""
+    if os.geteuid() != 0:
+        return "needs root to write cgroups"
+    try:
+        Host.detect()
+    except CgroupUnavailable as exc:
+        return str(exc)
+    return None
+
+
+NO_CGROUPS = _cgroups_missing()
+# Tests of real limits: skipped only where the host genuinely has no writable cgroups.
+needs_cgroups = pytest.mark.skipif(
+    NO_CGROUPS is not None, reason=f"host lacks cgroups: {NO_CGROUPS}"
+)

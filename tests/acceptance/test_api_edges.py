@@ -43,7 +43,7 @@ def sandbox() -> Iterator[Sandbox]:
             )
             conn.execute("CREATE TABLE secret (a int)")
             # A tuner that may ALTER SYSTEM but not read the table a script needs.
-            conn.execute("CREATE ROLE tuner LOGIN")
+            conn.execute(f"CREATE ROLE tuner LOGIN PASSWORD '{sb.password}'")
             names = [
                 r[0]
                 for r in conn.execute(
@@ -66,6 +66,13 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
 
 
 def _target(api: TestClient, sandbox: Sandbox, name: str, user: str = "postgres") -> int:
+    # One target per server (issue 25): the previous test's target of this sandbox goes
+    # first (its queued sessions cancelled, its history dropped).
+    for t in api.get("/api/v1/targets").json():
+        for s in api.get("/api/v1/sessions", params={"target_id": t["id"]}).json():
+            if s["status"] in ("queued", "running"):
+                api.post(f"/api/v1/sessions/{s['id']}/cancel")
+        api.delete(f"/api/v1/targets/{t['id']}", params={"history": "drop"})
     r = api.post(
         "/api/v1/targets",
         json={"name": name, "dsn": sandbox.dsn.replace("user=postgres", f"user={user}")},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 
+from tests.docs.blocks import command
 from tests.helpers import ROOT
 
 DEMO = "bash .ci/bootstrap && .venv/bin/knobtune demo"
@@ -18,9 +19,10 @@ def _commands(script: str) -> str:
 
 def test_readme_first_commands_are_the_two_scripts() -> None:
     readme = (ROOT / "README.md").read_text()
-    first = readme.split("```sh", 1)[1].split("```", 1)[0]
-    lines = [ln.strip() for ln in first.splitlines() if ln.strip() and not ln.startswith("#")]
-    assert lines == [DEMO, TESTS]
+    assert readme.index("<!-- command: demo -->") < readme.index("<!-- command: tests -->")
+    assert readme.index("<!-- command: tests -->") < readme.index("## Tune your own server")
+    assert command("demo").strip() == DEMO
+    assert command("tests").strip() == TESTS
     ci = _commands((ROOT / ".ci" / "run").read_text())
     assert "bash .ci/bootstrap-tests" in ci
     assert ".venv/bin/python -m pytest" in ci

@@ -1,37 +1,26 @@
-"""README's REST walkthrough, run from README itself, as a new user would run it.
+"""The manual's REST walkthrough (docs/rest.md), run as a new user would run it.
 
-The block under the walkthrough marker is executed by bash as it stands, with two
+The block marked ``rest-walkthrough`` is executed by bash as it stands, with two
 substitutions only: a free port for 8000 (tests run side by side) and the absolute path
 of this virtualenv for `.venv/bin/` (the directory is fresh, not the checkout). No
-KNOBTUNE_* variable is set: README shows none, so the defaults are what is tested.
+KNOBTUNE_* variable is set: the manual shows none, so the defaults are what is tested.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 from pathlib import Path
 
 from app.postgres.sandbox import free_port
 from tests.acceptance.conftest import BIN, user_env
-from tests.helpers import ROOT
-
-MARKER = "<!-- walkthrough: run as-is by tests/acceptance/test_readme.py -->"
+from tests.docs.blocks import command
 
 
-def walkthrough() -> str:
-    readme = (ROOT / "README.md").read_text()
-    assert MARKER in readme, "README lost its walkthrough marker"
-    m = re.match(r"\s*```sh\n(.*?)\n```", readme.split(MARKER, 1)[1], flags=re.S)
-    assert m is not None, "no ```sh block right after the walkthrough marker"
-    return m.group(1)
-
-
-def test_readme_rest_walkthrough_in_a_fresh_directory(user_dir: Path) -> None:
-    block = walkthrough()
+def test_rest_walkthrough_in_a_fresh_directory(user_dir: Path) -> None:
+    block = command("rest-walkthrough")
     port = free_port()
     script = block.replace("localhost:8000", f"localhost:{port}").replace(
         "--port 8000", f"--port {port}"

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 from app.schemas import SessionIn
-from app.tuning import build_space, describe, hints_for, make_optimizer, start_config
+from app.tuning import (
+    build_space,
+    describe,
+    hints_for,
+    make_optimizer,
+    outside_bounds_notes,
+    start_config,
+)
 from optimizer.catalogue import Hardware
 from optimizer.descent import Measurement
 from optimizer.heuristic import pgtune
+from optimizer.knobs import SettingRow
 
 HW = Hardware(ram_bytes=24 * 2**30, cpus=2)
 KNOBS = ["work_mem", "shared_buffers", "random_page_cost"]
@@ -57,3 +65,30 @@ def test_the_first_candidate_after_the_baseline_tries_the_hints_together() -> No
         assert space[KNOBS.index(name)].parse(cand.config[name]) == space[KNOBS.index(name)].parse(
             hints[name]
         )
+
+
+def test_user_bounds_that_leave_out_the_servers_value_keep_it_as_the_start_with_a_note() -> None:
+    row = SettingRow("work_mem", "4096", "kB", "integer", "user", "64", "2147483647")
+    body = session(knobs=[{"name": "work_mem", "min": "16MB", "max": "32MB"}])
+    space = build_space(body, {"work_mem": row}, HW)
+    (wm,) = space
+    assert wm.format(wm.lower) == "4MB"
+    assert wm.format(wm.upper) == "32MB"
+    assert start_config(body, space, {"work_mem": "4MB"}, HW)["work_mem"] == "4MB"
+    (note,) = outside_bounds_notes(body, {"work_mem": row}, space)
+    assert "work_mem: the server's value 4MB lies outside the requested 16MB..32MB" in note
+
+
+def test_a_heuristic_start_says_which_of_the_servers_values_it_replaces() -> None:
+    from app.tuning import rows_to_json, session_optimizer
+
+    body = session(start="heuristic", knobs=["work_mem"])
+    row = SettingRow("work_mem", "4096", "kB", "integer", "user", "64", "2147483647")
+    stored = {
+        "rows": rows_to_json({"work_mem": row}),
+        "hardware": {"ram_bytes": HW.ram_bytes, "cpus": HW.cpus},
+        "target": {"effective": {"work_mem": "4MB"}},
+    }
+    built = session_optimizer(body, stored, 1, can_restart=True)
+    (note,) = [n for n in built.notes if n.startswith("start: heuristic")]
+    assert f"work_mem 4MB -> {built.start['work_mem']}" in note

@@ -33,7 +33,6 @@ def test_sigkill_during_benchmark_then_resume(service: ServiceProcess) -> None:
             json={
                 "name": "crash",
                 "dsn": sandbox.dsn,
-                "restart_command": sandbox.restart_command,
                 "data_dir": str(sandbox.data_dir),
             },
         ).json()
@@ -41,7 +40,9 @@ def test_sigkill_during_benchmark_then_resume(service: ServiceProcess) -> None:
             "/api/v1/sessions",
             json={
                 "target_id": target["id"],
-                "knobs": ["work_mem", "max_wal_size"],
+                # not a checkpoint knob: on 3 s runs max_wal_size is set aside without a run
+                # (docs/evidence.md), and the walk would end before its 7 trials
+                "knobs": ["work_mem", "random_page_cost"],
                 "max_trials": 7,
                 "final_check_runs": 0,
                 "seed": 3,

@@ -133,8 +133,9 @@ def test_dashboard_in_chromium(server: Server, tmp_path: Path) -> None:
         assert resp.value.status == 422
         assert "warmup_s (2) must be less than duration_s (2)" in page.inner_text(".error")
 
-        # Start a real session; the browser lands on its page.
+        # Start a real session; the browser lands on its page. The form says how long.
         fill_session_form(page, duration_s="2", warmup_s="1")
+        assert "up to 11 runs × 2 s" in page.inner_text("#estimate")
         page.click("#session-form button[type=submit]")
         page.wait_for_url("**/sessions/*")
         sid = int(page.url.rstrip("/").rsplit("/", 1)[1])
@@ -186,18 +187,47 @@ def test_dashboard_in_chromium(server: Server, tmp_path: Path) -> None:
         assert without_timestamp(conf) == without_timestamp(api_conf)
         assert without_timestamp(sql) == without_timestamp(api_sql)
 
+        # The result in words; the verdict on the candidate's row, not on the re-run.
+        summary = page.inner_text("#summary")
+        assert summary.startswith("Found a better configuration: work_mem")
+        assert "confirmed by the final check" in summary
+        assert f"knobtune apply {sid}" in summary
+        kept = page.locator("tr.trial-row[data-verdict=keep]")
+        assert kept.count() >= 1
+        assert kept.first.get_attribute("data-role") == "candidate"
+
         shot = tmp_path / "dashboard.png"
         page.screenshot(path=str(shot), full_page=True)
         print(f"\ndashboard screenshot: {shot}")
+
+        # Apply: the diff first, then the change, checked in pg_settings; then roll back.
+        page.click("#apply-button")
+        page.wait_for_url(f"**/sessions/{sid}/apply")
+        assert "work_mem" in page.inner_text("#diff")
+        assert "Nothing was changed" in page.inner_text("#apply-message")
+        page.click("#apply-form button[type=submit]")
+        page.wait_for_load_state("load")
+        assert page.inner_text("#apply-message").startswith(f"Applied session {sid}")
+        assert "in effect" in page.inner_text("#verified")
+        page.goto(f"{server.url}/sessions/{sid}")
+        assert "apply #" in page.inner_text("#apply")
+        page.click("#rollback-button")
+        page.wait_for_url(f"**/sessions/{sid}/rollback")
+        page.click("#rollback-form button[type=submit]")
+        page.wait_for_load_state("load")
+        assert page.inner_text("#apply-message").startswith(f"Rolled back session {sid}")
+        history = api.get(f"/api/v1/sessions/{sid}/applies").json()
+        assert [h["status"] for h in history] == ["rolled-back"]
 
         # The index lists the session with its status and gain.
         page.goto(server.url + "/")
         row = page.locator(f"tr.session-row[data-session-id='{sid}']")
         assert row.locator(".badge").inner_text() == "succeeded"
-        gain = sess["gain"]
-        assert row.locator(".gain").inner_text() == (
-            f"{gain * 100:+.1f}%" if gain is not None else "–"
-        )
+        assert "sandbox-e2e" in row.inner_text()  # the target's name
+        # one figure, in the objective's units, with how sure it is
+        assert row.locator(".gain").inner_text() == sess["headline"]
+        assert sess["headline"].startswith("throughput +")
+        assert "confirmed by the final check" in row.inner_text()
         page.screenshot(path=str(tmp_path / "index.png"), full_page=True)
         print(f"index screenshot: {tmp_path / 'index.png'}")
 
@@ -308,6 +338,10 @@ def test_token_guards_pages_and_login_cookie_opens_the_api(tmp_path: Path) -> No
         # The static assets hold no data: served without a token.
         assert c.get("/static/dashboard.js").status_code == 200
         assert c.get("/", headers={"Authorization": "Bearer s3cret-token"}).status_code == 200
+        # Logged out, the header says so and offers the login (not a "Log out" button).
+        login = c.get("/login").text
+        assert "not logged in" in login
+        assert "Log out" not in login
 
         r = c.post("/login", data={"token": "wrong", "next": "/"})
         assert r.status_code == 401
@@ -321,7 +355,11 @@ def test_token_guards_pages_and_login_cookie_opens_the_api(tmp_path: Path) -> No
         assert "HttpOnly" in cookie
         assert "SameSite=lax" in cookie
         # The cookie now opens the pages and the API the page's script calls.
-        assert c.get("/").status_code == 200
+        index = c.get("/")
+        assert index.status_code == 200
+        assert "logged in" in index.text
+        assert "not logged in" not in index.text
+        assert "Log out" in index.text
         assert c.get("/api/v1/sessions").status_code == 200
         # Cross-site form posts are refused, even with the cookie.
         r = c.post("/targets", data={"name": "x"}, headers={"Origin": "http://evil.example"})

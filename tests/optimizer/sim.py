@@ -6,13 +6,13 @@ Noise model (per run of ``seconds`` per-second samples, warm-up already dropped)
   0.25-0.3) and stationary sd ``cv`` (~25% CV);
 * between-run drift: the run's log level follows its own AR(1) across runs (``drift_ar``)
   with stationary sd ``drift_sd`` (5%: a run is within about +-8% of the true level 90%
-  of the time; DESIGN.md measured a 6.5% CV of run medians and 14% apart over 10 min);
+  of the time; docs/architecture.md measured a 6.5% CV of run medians and 14% apart over 10 min);
 * outlier seconds: with probability ``outlier_p`` a second collapses to 10-50% (a
   checkpoint stall);
 * a noisy neighbour (off by default): another job on the machine starts with probability
   ``neighbour_on`` per second and stops with ``neighbour_off`` per second; while it runs,
   throughput is multiplied by a factor drawn per episode from ``neighbour_effect`` (0.6-0.9:
-  DESIGN.md saw TPC-B shift 25% within a minute when other jobs moved the load from 4 to
+  docs/architecture.md saw TPC-B shift 25% within a minute when other jobs moved the load from 4 to
   10). Time passes between runs too (``gap_seconds`` per run: apply, restart, warm-up).
 
 The true level of a config is its median throughput: the noise is median-neutral.
@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from optimizer.descent import CoordinateDescent, Measurement
 from optimizer.evidence import summarize_stream
 from optimizer.heuristic import DbType
 from optimizer.knobs import Config, Knob
+from optimizer.settings import DescentSettings
 
 
 @dataclass(frozen=True)
@@ -307,9 +309,9 @@ def oltp_surface() -> Surface:
 
 
 def reporting_surface() -> Surface:
-    """Sort-heavy reporting: work_mem with a dip (DESIGN.md: 6MB -12%, 16MB +40%), jit off
-    helps, and an interaction: effective_cache_size pays off mostly once random_page_cost
-    is low (the planner then picks index scans)."""
+    """Sort-heavy reporting: work_mem with a dip (docs/architecture.md: 6MB -12%, 16MB
+    +40%), jit off helps, and an interaction: effective_cache_size pays off mostly once
+    random_page_cost is low (the planner then picks index scans)."""
     hw = Hardware(ram_bytes=16 * GB, cpus=4)
     kb = 1024
     wm_curve = [
@@ -366,7 +368,7 @@ def cliff_surface() -> Surface:
 
 
 def analytic_surface() -> Surface:
-    """Analytic queries on a 2-CPU box where PGTune's "dw" values hurt (DESIGN.md: its dw
+    """Analytic queries on a 2-CPU box where PGTune's "dw" values hurt (docs/architecture.md: its dw
     config measured ~20% below the defaults). work_mem helps up to ~64MB (hash joins in
     memory), jit off saves compile time; but random_page_cost 1.1 with a large
     effective_cache_size makes the planner choose index nested loops over cold data (-35%),
@@ -436,11 +438,22 @@ SURFACES: tuple[Callable[[], Surface], ...] = (
 # --- drivers ---------------------------------------------------------------------------------
 
 
+def descent(
+    space: Sequence[Knob],
+    start: Config,
+    *,
+    hints: Mapping[str, str] | None = None,
+    **settings: Any,
+) -> CoordinateDescent:
+    """A CoordinateDescent whose DescentSettings are given by name (tests and bench/)."""
+    return CoordinateDescent(space, start, DescentSettings(**settings), hints=hints)
+
+
 def run_descent(
-    surface: Surface, bench: Bench, *, max_trials: int = 40, **kwargs: object
+    surface: Surface, bench: Bench, *, max_trials: int = 40, **kwargs: Any
 ) -> CoordinateDescent:
     """Drive a CoordinateDescent against the simulator until it stops."""
-    opt = CoordinateDescent(surface.space, surface.start, max_trials=max_trials, **kwargs)  # type: ignore[arg-type]
+    opt = descent(surface.space, surface.start, max_trials=max_trials, **kwargs)
     while (cand := opt.suggest()) is not None:
         opt.register(cand, bench.measure(surface.true(cand.config)))
     return opt

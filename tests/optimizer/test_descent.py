@@ -8,16 +8,18 @@ import numpy as np
 import pytest
 
 from optimizer.catalogue import GB, Hardware, knob_space
-from optimizer.descent import BudgetError, Candidate, CoordinateDescent, Measurement
+from optimizer.descent import Candidate, CoordinateDescent, Measurement
 from optimizer.evidence import ScriptStat, StreamStat
 from optimizer.heuristic import pgtune
 from optimizer.knobs import Config, KnobError
+from optimizer.settings import BudgetError, DescentSettings
 from tests.optimizer.sim import (
     SURFACES,
     Bench,
     Noise,
     Surface,
     cliff_surface,
+    descent,
     flat_surface,
     naive_descent,
     oltp_surface,
@@ -57,7 +59,7 @@ def test_replay_rebuilds_the_same_state(cut: int, hinted: bool) -> None:
     kwargs: dict[str, object] = {"seed": 7, "max_trials": 40}
     if hinted:
         kwargs["hints"] = pgtune(s.hardware, "mixed")
-    original = CoordinateDescent(s.space, s.start, **kwargs)  # type: ignore[arg-type]
+    original = descent(s.space, s.start, **kwargs)  # type: ignore[arg-type]
     bench = Bench(Noise(), 3)
     log = []
     for _ in range(cut):
@@ -69,7 +71,7 @@ def test_replay_rebuilds_the_same_state(cut: int, hinted: bool) -> None:
         original.register(cand, m)
         log.append((cand, m))
     # the service crashed: a new optimizer with the same arguments, stored pairs re-registered
-    rebuilt = CoordinateDescent(s.space, s.start, **kwargs)  # type: ignore[arg-type]
+    rebuilt = descent(s.space, s.start, **kwargs)  # type: ignore[arg-type]
     for cand, m in log:
         rebuilt.register(cand, m)
     assert rebuilt.suggest() == original.suggest()
@@ -100,7 +102,7 @@ def test_register_rejects_a_diverged_replay() -> None:
 def test_candidates_within_bounds_and_never_measured_twice_by_accident(make: object) -> None:
     s = make()  # type: ignore[operator]
     knobs = {k.name: k for k in s.space}
-    opt = CoordinateDescent(s.space, s.start, max_trials=60, max_passes=3)
+    opt = CoordinateDescent(s.space, s.start, DescentSettings(max_trials=60, max_passes=3))
     bench = Bench(Noise(), 5)
     measured: set[tuple[tuple[str, str], ...]] = set()
     current: tuple[tuple[str, str], ...] | None = None
@@ -133,7 +135,9 @@ def test_trial_and_time_budgets() -> None:
         assert opt.trials_done == (14 if opt.checked else 12)
         assert opt.suggest() is None
         assert opt.planned_trials() == opt.trials_done
-    opt2 = CoordinateDescent(s.space, s.start, max_trials=None, max_benchmark_s=840, run_seconds=60)
+    opt2 = CoordinateDescent(
+        s.space, s.start, DescentSettings(max_trials=None, max_benchmark_s=840, run_seconds=60)
+    )
     assert opt2.planned_trials() <= 14
     drive(opt2, s, Bench(Noise(), 1))
     assert opt2.trials_done <= 14
@@ -142,11 +146,13 @@ def test_trial_and_time_budgets() -> None:
 def test_a_budget_too_small_for_the_walk_and_the_final_check_is_refused() -> None:
     s = oltp_surface()
     with pytest.raises(BudgetError, match="max_trials >= 11") as exc:
-        CoordinateDescent(s.space, s.start, max_trials=8)
+        CoordinateDescent(s.space, s.start, DescentSettings(max_trials=8))
     assert exc.value.minimum == 11
     with pytest.raises(BudgetError, match="at least 660 s"):
-        CoordinateDescent(s.space, s.start, max_trials=None, max_benchmark_s=300, run_seconds=60)
-    CoordinateDescent(s.space, s.start, max_trials=11)  # the minimum is accepted
+        CoordinateDescent(
+            s.space, s.start, DescentSettings(max_trials=None, max_benchmark_s=300, run_seconds=60)
+        )
+    CoordinateDescent(s.space, s.start, DescentSettings(max_trials=11))  # the minimum is accepted
 
 
 def test_no_op_changes_are_rarely_kept_over_whole_sessions() -> None:
@@ -161,7 +167,7 @@ def test_no_op_changes_are_rarely_kept_over_whole_sessions() -> None:
 
 
 def test_look_ahead_gets_past_the_work_mem_dip() -> None:
-    # work_mem 8MB is 12% slower than 4MB, 16MB is 44% faster (DESIGN.md's shape)
+    # work_mem 8MB is 12% slower than 4MB, 16MB is 44% faster (the shape in docs/architecture.md)
     # (with x2 steps: the default first pass steps x4, straight over the dip)
     s = reporting_surface()
     with_la = [run_descent(s, Bench(Noise(), sd), max_trials=40, coarse=0) for sd in range(6)]
@@ -204,7 +210,7 @@ def test_search_beats_the_naive_method_and_never_ends_past_a_cliff() -> None:
 def test_failed_run_narrows_the_bound_for_the_session() -> None:
     # the server does not start with work_mem >= 32MB: that value and beyond are not tried again
     s = reporting_surface()
-    opt = CoordinateDescent(s.space, s.start, max_trials=80, max_passes=3)
+    opt = CoordinateDescent(s.space, s.start, DescentSettings(max_trials=80, max_passes=3))
     bench = Bench(Noise(), 2)
     wm = s.space[0]
     failed_at: float | None = None
@@ -229,7 +235,7 @@ def test_failed_run_narrows_the_bound_for_the_session() -> None:
 
 def test_exclude_withdraws_the_pending_knob() -> None:
     s = oltp_surface()
-    opt = CoordinateDescent(s.space, s.start, max_trials=40)
+    opt = CoordinateDescent(s.space, s.start, DescentSettings(max_trials=40))
     bench = Bench(Noise(), 4)
     while (cand := opt.suggest()) is not None and cand.knob != "shared_buffers":
         opt.register(cand, bench.measure(s.true(cand.config)))
@@ -262,7 +268,9 @@ def test_latency_objective_and_p99_constraint() -> None:
 
     for p99_factor, expect_kept in ((1.0, True), (1.5, False)):
         opt = CoordinateDescent(
-            space, {"work_mem": "4MB"}, objective="latency_p95", max_p99_worsening=0.1
+            space,
+            {"work_mem": "4MB"},
+            DescentSettings(objective="latency_p95", max_p99_worsening=0.1),
         )
         rng = np.random.default_rng(1)
         while (cand := opt.suggest()) is not None:
@@ -279,7 +287,10 @@ def test_recommendation_and_best_gain() -> None:
     rec = opt.recommendation({"target": "sim"})
     assert rec.recommended == opt.incumbent
     assert rec.original == {k: s.start[k] for k in s.names}
-    assert sum(n.trials for n in rec.notes) + opt.baseline_runs + opt.final_runs == opt.trials_done
+    assert (
+        sum(n.trials for n in rec.notes) + opt.settings.baseline_runs + opt.settings.final_runs
+        == opt.trials_done
+    )
     changed = [n for n in rec.notes if n.changed]
     assert changed
     assert all(n.gain is not None and n.gain > 0 for n in changed)
@@ -291,7 +302,7 @@ def test_steps_from_off_and_auto_values() -> None:
     hw = Hardware(ram_bytes=16 * GB, cpus=4)
     space = knob_space(["commit_delay", "wal_buffers", "effective_io_concurrency"], hw)
     start = {"commit_delay": "0", "wal_buffers": "-1", "effective_io_concurrency": "1"}
-    opt = CoordinateDescent(space, start, max_trials=None, baseline_runs=1)
+    opt = CoordinateDescent(space, start, DescentSettings(max_trials=None, baseline_runs=1))
     first: dict[str, str] = {}
     flat = Measurement(samples=(1000.0,) * 30)
     while (cand := opt.suggest()) is not None:
@@ -310,18 +321,20 @@ def test_bad_arguments() -> None:
     with pytest.raises(KnobError):
         CoordinateDescent([], {})
     with pytest.raises(ValueError, match="objective"):
-        CoordinateDescent(s.space, s.start, objective="tps")  # type: ignore[arg-type]
+        CoordinateDescent(s.space, s.start, DescentSettings(objective="tps"))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="shared_buffers"):
         CoordinateDescent(s.space, {**s.start, "shared_buffers": "lots"})
     with pytest.raises(ValueError, match="final_runs"):
-        CoordinateDescent(s.space, s.start, final_runs=3)
+        CoordinateDescent(s.space, s.start, DescentSettings(final_runs=3))
 
 
 def test_first_pass_steps_coarsely_then_finer() -> None:
     # x4 in the first pass (a big effect is cheap to prove), x2 in the second
     hw = Hardware(ram_bytes=16 * GB, cpus=4)
     space = knob_space(["shared_buffers"], hw)
-    opt = CoordinateDescent(space, {"shared_buffers": "128MB"}, max_trials=None, max_passes=2)
+    opt = CoordinateDescent(
+        space, {"shared_buffers": "128MB"}, DescentSettings(max_trials=None, max_passes=2)
+    )
     seen: list[tuple[int, str]] = []
     level = 1000.0
     while (cand := opt.suggest()) is not None:
@@ -336,7 +349,7 @@ def test_first_pass_steps_coarsely_then_finer() -> None:
     assert opt.incumbent["shared_buffers"] == "512MB"
     second = [v for p, v in seen if p == 1]
     assert second[:2] == ["1GB", "256MB"]  # the second pass refines with x2 around it
-    old = CoordinateDescent(space, {"shared_buffers": "128MB"}, coarse=0)
+    old = CoordinateDescent(space, {"shared_buffers": "128MB"}, DescentSettings(coarse=0))
     first = old.suggest()
     assert first is not None
     assert first.role == "baseline"
@@ -352,7 +365,7 @@ def test_joint_hints_are_proven_first_and_the_walk_goes_on_from_them() -> None:
     hints = pgtune(s.hardware, "mixed")
     q, q_plain = [], []
     for sd in range(4):
-        opt = CoordinateDescent(s.space, s.start, max_trials=40, hints=hints)
+        opt = CoordinateDescent(s.space, s.start, DescentSettings(max_trials=40), hints=hints)
         log = drive(opt, s, Bench(Noise(), 200 + sd))
         first = next(c for c, _ in log if c.role == "candidate")
         assert first.knob is None
@@ -371,7 +384,7 @@ def test_bad_hints_are_rejected_and_never_kept_past_a_cliff() -> None:
     s = cliff_surface()
     bad = {"shared_buffers": "3276MB", "work_mem": "100MB"}  # both past their cliff
     for sd in range(3):
-        opt = CoordinateDescent(s.space, s.start, max_trials=40, hints=bad)
+        opt = CoordinateDescent(s.space, s.start, DescentSettings(max_trials=40), hints=bad)
         log = drive(opt, s, Bench(Noise(), 300 + sd))
         assert opt.verdicts[0][1] == ""
         assert not opt.verdicts[0][3].keep
@@ -384,7 +397,10 @@ def test_bad_hints_are_rejected_and_never_kept_past_a_cliff() -> None:
 def test_exclude_withdraws_a_joint_run_with_that_knob() -> None:
     s = oltp_surface()
     opt = CoordinateDescent(
-        s.space, s.start, max_trials=40, hints={"shared_buffers": "4GB", "max_wal_size": "4GB"}
+        s.space,
+        s.start,
+        DescentSettings(max_trials=40),
+        hints={"shared_buffers": "4GB", "max_wal_size": "4GB"},
     )
     for _ in range(2):
         c = opt.suggest()
@@ -410,7 +426,7 @@ def _roles(log: list[tuple[Candidate, Measurement]]) -> list[str]:
 @pytest.mark.parametrize("seed", [1, 2])
 def test_final_check_measures_best_and_baseline_side_by_side_within_budget(seed: int) -> None:
     s = reporting_surface()
-    opt = CoordinateDescent(s.space, s.start, max_trials=40)
+    opt = CoordinateDescent(s.space, s.start, DescentSettings(max_trials=40))
     log = drive(opt, s, Bench(Noise(), seed))
     assert opt.trials_done == len(log) <= 40
     assert opt.incumbent != opt.baseline
@@ -441,7 +457,7 @@ def _flat(level: float) -> Measurement:
 
 def test_no_final_check_when_nothing_was_kept() -> None:
     s = oltp_surface()
-    opt = CoordinateDescent(s.space, s.start, max_trials=12)
+    opt = CoordinateDescent(s.space, s.start, DescentSettings(max_trials=12))
     roles = []
     while (c := opt.suggest()) is not None:
         roles.append(c.role)
@@ -463,7 +479,7 @@ def _late_keep_session(max_trials: int | None) -> CoordinateDescent:
     hw = Hardware(ram_bytes=16 * GB, cpus=4)
     space = knob_space(["max_wal_size", "bgwriter_lru_maxpages", "work_mem"], hw)
     start = {"max_wal_size": "1GB", "bgwriter_lru_maxpages": "100", "work_mem": "4MB"}
-    return CoordinateDescent(space, start, max_trials=max_trials)
+    return CoordinateDescent(space, start, DescentSettings(max_trials=max_trials))
 
 
 def test_a_keep_late_in_the_walk_gets_the_check_the_budget_still_holds() -> None:
@@ -526,7 +542,9 @@ def test_end_final_check_judges_the_runs_it_has() -> None:
 def test_a_best_config_the_final_check_does_not_confirm_is_not_recommended() -> None:
     # work_mem 16MB measures +30% during the walk (drift, say), then nothing side by side
     hw = Hardware(ram_bytes=16 * GB, cpus=4)
-    opt = CoordinateDescent(knob_space(["work_mem"], hw), {"work_mem": "4MB"}, max_trials=None)
+    opt = CoordinateDescent(
+        knob_space(["work_mem"], hw), {"work_mem": "4MB"}, DescentSettings(max_trials=None)
+    )
     while (c := opt.suggest()) is not None:
         lucky = c.config["work_mem"] == "16MB" and not c.is_final
         opt.register(c, _flat(1300.0 if lucky else 1000.0))
@@ -544,7 +562,7 @@ def test_a_best_config_the_final_check_does_not_confirm_is_not_recommended() -> 
 def test_conclude_starts_the_final_check_and_replays() -> None:
     s = reporting_surface()
     hints = pgtune(s.hardware, "mixed")
-    opt = CoordinateDescent(s.space, s.start, max_trials=None, hints=hints)
+    opt = CoordinateDescent(s.space, s.start, DescentSettings(max_trials=None), hints=hints)
     bench = Bench(Noise(), 3)
     log = []
     while opt.incumbent == opt.baseline or len(log) < 8:  # the hints are kept early
@@ -563,7 +581,7 @@ def test_conclude_starts_the_final_check_and_replays() -> None:
     assert opt.final_runs_left == 0
     assert opt.stop_reason == "concluded early"
     # the same state rebuilt from the stored runs, conclude() called where it was
-    again = CoordinateDescent(s.space, s.start, max_trials=None, hints=hints)
+    again = CoordinateDescent(s.space, s.start, DescentSettings(max_trials=None), hints=hints)
     for c, m in log:
         if c.is_final and not again.concluding:
             again.conclude()
@@ -604,7 +622,9 @@ def _stream(mean_ms: float) -> StreamStat:
 )
 def test_auto_evidence_settles_on_the_first_run(tps: float, objective: str, settled: str) -> None:
     space = knob_space(["work_mem"], Hardware(ram_bytes=8 * GB, cpus=2))
-    opt = CoordinateDescent(space, {}, objective=objective, max_trials=20, final_runs=0)
+    opt = CoordinateDescent(
+        space, {}, DescentSettings(objective=objective, max_trials=20, final_runs=0)
+    )
     assert opt.evidence == ("transactions" if objective != "throughput" else "auto")
     first = opt.suggest()
     assert first is not None
@@ -630,7 +650,10 @@ def _mix(done: dict[str, float | None]) -> StreamStat:
 def test_a_query_that_never_finishes_rejects_the_candidate_and_says_so() -> None:
     space = knob_space(["work_mem"], Hardware(ram_bytes=8 * GB, cpus=2))
     opt = CoordinateDescent(
-        space, {}, objective="query_time_geomean", max_trials=20, final_runs=0, hints={}
+        space,
+        {},
+        DescentSettings(objective="query_time_geomean", max_trials=20, final_runs=0),
+        hints={},
     )
     verdicts = []
     while (c := opt.suggest()) is not None:
@@ -648,7 +671,9 @@ def test_a_query_that_never_finishes_rejects_the_candidate_and_says_so() -> None
 
 def test_a_baseline_that_never_finishes_a_query_stops_saying_what_to_change() -> None:
     space = knob_space(["work_mem"], Hardware(ram_bytes=8 * GB, cpus=2))
-    opt = CoordinateDescent(space, {}, objective="query_time_geomean", max_trials=20, final_runs=0)
+    opt = CoordinateDescent(
+        space, {}, DescentSettings(objective="query_time_geomean", max_trials=20, final_runs=0)
+    )
     while (c := opt.suggest()) is not None:
         opt.register(
             c, Measurement(samples=(1.0,) * 10, streams=(_mix({"Q1": 900.0, "Q9": None}),))

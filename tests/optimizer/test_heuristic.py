@@ -9,7 +9,7 @@ from optimizer.heuristic import db_type_for, pgtune
 
 
 def test_design_doc_machine() -> None:
-    # DESIGN.md: 24 GiB, 2 CPUs -> shared_buffers 6GB, work_mem ~28MB, max_wal_size 4GB
+    # docs/architecture.md: 24 GiB, 2 CPUs -> shared_buffers 6GB, work_mem ~28MB, max_wal_size 4GB
     cfg = pgtune(Hardware(ram_bytes=24 * GB, cpus=2))
     assert cfg["shared_buffers"] == "6GB"
     assert cfg["effective_cache_size"] == "18GB"

@@ -232,3 +232,21 @@ def test_narrow_errors_say_what_to_change() -> None:
             SPACE["wal_compression"],
             SettingRow("wal_compression", "off", None, "enum", "user", enumvals=("x",)),
         )
+
+
+def test_a_range_always_holds_the_servers_current_value() -> None:
+    # issue 29: on a 2-CPU box the catalogue's max_parallel_workers_per_gather range is 0..1;
+    # the server's own 2 must stay in it, or the start config silently becomes 1
+    hw = Hardware(ram_bytes=4 * 1024**3, cpus=2)
+    assert knob_space(["max_parallel_workers_per_gather"], hw)[0].upper == 1
+    row = SettingRow("max_parallel_workers_per_gather", "2", None, "integer", "user", "0", "1024")
+    (k,) = knob_space(["max_parallel_workers_per_gather"], hw, {row.name: row})
+    assert (k.lower, k.upper) == (0, 2)
+    # below the catalogue's floor too, in the row's own unit (8kB pages)
+    sb = SettingRow("shared_buffers", "16", "8kB", "integer", "postmaster", "16", "1073741823")
+    (s,) = knob_space(["shared_buffers"], hw, {sb.name: sb})
+    assert s.lower == 16
+    assert s.format(s.lower) == "128kB"
+    # a value the server itself would not accept is no reason to widen
+    bad = SettingRow("work_mem", "0", "kB", "integer", "user", "64", "2147483647")
+    assert narrow(SPACE["work_mem"], bad).lower == SPACE["work_mem"].lower

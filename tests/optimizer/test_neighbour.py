@@ -9,6 +9,7 @@ import pytest
 
 from optimizer.catalogue import GB, Hardware, knob_space
 from optimizer.descent import Candidate, CoordinateDescent, Measurement
+from optimizer.settings import DescentSettings
 from optimizer.verdict import Run, RunStat, compare
 from tests.optimizer.sim import (
     NEIGHBOUR,
@@ -17,6 +18,7 @@ from tests.optimizer.sim import (
     Noise,
     StepBench,
     TxBench,
+    descent,
     flat_surface,
     reporting_surface,
     run_descent,
@@ -46,12 +48,7 @@ def test_a_step_between_baseline_and_candidate_is_an_effect_without_adjacency_on
 def _step_session(at: int, factor: float, **kw: object) -> CoordinateDescent:
     """work_mem on a flat surface (nothing can move it), a step in load at run ``at``."""
     hw = Hardware(ram_bytes=16 * GB, cpus=4)
-    opt = CoordinateDescent(
-        knob_space(["work_mem"], hw),
-        {"work_mem": "4MB"},
-        max_trials=20,
-        **kw,  # type: ignore[arg-type]
-    )
+    opt = descent(knob_space(["work_mem"], hw), {"work_mem": "4MB"}, max_trials=20, **kw)
     bench = StepBench(at=at, factor=factor)
     while (c := opt.suggest()) is not None:
         opt.register(c, bench.measure(1000.0))
@@ -93,7 +90,7 @@ def test_no_op_changes_are_rarely_kept_with_a_noisy_neighbour() -> None:
 def test_the_final_check_is_reserved_and_a_cut_check_leaves_the_gain_unconfirmed() -> None:
     s = reporting_surface()
     hints = {"work_mem": "32MB", "jit": "off"}
-    opt = CoordinateDescent(s.space, s.start, max_trials=16, hints=hints)
+    opt = CoordinateDescent(s.space, s.start, DescentSettings(max_trials=16), hints=hints)
     bench = Bench(Noise(), 4)
     seen: list[Candidate] = []
     while (c := opt.suggest()) is not None:
@@ -131,7 +128,9 @@ def test_long_queries_are_judged_on_transactions() -> None:
     for seed in range(6):
         bench = TxBench(noise, 900 + seed, REPORTING_MIX)
         opt = CoordinateDescent(
-            knob_space(["work_mem"], hw), {"work_mem": "4MB"}, max_trials=20, coarse=0
+            knob_space(["work_mem"], hw),
+            {"work_mem": "4MB"},
+            DescentSettings(max_trials=20, coarse=0),
         )
         while (c := opt.suggest()) is not None:
             level = 1.3 if c.config["work_mem"] != "4MB" else 1.0

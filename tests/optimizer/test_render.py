@@ -79,6 +79,7 @@ def test_json() -> None:
         "name": "shared_buffers", "original": "128MB", "recommended": "2GB", "changed": True,
         "gain": 0.214, "trials": 9, "needs_restart": True, "durability_unsafe": False,
         "excluded": None,
+        "not_judged": None,
     }  # fmt: skip
     assert doc["warnings"] == []
 

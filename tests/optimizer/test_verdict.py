@@ -42,7 +42,7 @@ def test_recorded_work_mem_effect_is_kept() -> None:
     wm4, wm16 = runs["sort_wm4MB"], runs["sort_wm16MB"]
     v = judge(wm4, wm16)
     assert v.keep
-    assert 0.3 < v.gain < 0.6  # DESIGN.md: ~39-48 tps -> 57-80 tps
+    assert 0.3 < v.gain < 0.6  # docs/architecture.md: ~39-48 tps -> 57-80 tps
     assert v.p_value is not None
     assert v.p_value < 0.001
     kept_1v1 = [judge([a], [b]).keep for a, b in itertools.product(wm4, wm16)]

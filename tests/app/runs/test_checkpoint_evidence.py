@@ -1,0 +1,133 @@
+"""Issue 29, part 3, at the session level on the simulated target (tests/app/runs/fake.py).
+
+The runs report the server's counters (what app/postgres/pgbench.py stores in
+trials.metrics); the loop must: order the walk from the baseline's counters, set a
+checkpoint knob aside on runs shorter than its checkpoint cycle (a note naming the run
+length, never "no effect", in the notes and the exports), judge it on long runs, show the
+counters in the trial API, and resume by replay to the same walk (the counters come back
+from the stored trials). Real PostgreSQL: tests/app/runs/test_counters_real.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.db import Database
+from app.models import Trial
+from app.runs.store import SessionStore
+from app.sessions.export import export
+from app.sessions.service import trial_out, trial_rows
+from optimizer.knobs import Config
+from tests.app.runs.fake import FakeEnv, Faults, add_session, add_target, make_db, run_session
+from tests.optimizer.sim import oltp_surface
+
+MB = 1024.0 * 1024.0
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Any:
+    d = make_db(tmp_path)
+    yield d
+    d.dispose()
+
+
+def counters(window_s: float) -> Any:
+    """3 MB/s of WAL, a fifth of the blocks read from outside shared_buffers, no checkpoint."""
+
+    def of(config: Config) -> dict[str, float]:
+        return {
+            "seconds": window_s,
+            "wal_bytes": 3 * MB * window_s,
+            "wal_fpi": 100.0,
+            "wal_records": 1000.0,
+            "checkpoints_timed": 0.0,
+            "checkpoints_req": 0.0,
+            "buffers_checkpoint": 0.0,
+            "buffers_clean": 0.0,
+            "buffers_backend": 50.0,
+            "blks_read": 2000.0,
+            "blks_hit": 8000.0,
+            "temp_files": 0.0,
+            "temp_bytes": 0.0,
+        }
+
+    return of
+
+
+def _session(db: Database, duration_s: int, **body: Any) -> int:
+    s = oltp_surface()
+    wl = {"builtin": "tpcb-like", "scale": 1, "clients": 2, "duration_s": duration_s,
+          "warmup_s": 2}  # fmt: skip
+    body = {"knobs": ["max_wal_size", "shared_buffers"], "hints": False, "max_trials": 24,
+            "seed": 4, **body}  # fmt: skip
+    return add_session(db, add_target(db, s), {"workload": wl, **body})
+
+
+def trials_of(db: Database, sid: int) -> list[Trial]:
+    return SessionStore(db, sid, owner=None).stored_trials()
+
+
+def test_short_runs_set_max_wal_size_aside_and_order_the_walk(db: Database, tmp_path: Path) -> None:
+    sid = _session(db, 30)
+    env = FakeEnv(oltp_surface(), seed=4, metrics=counters(28))
+    sess = run_session(db, tmp_path, sid, env)
+    assert sess.status == "succeeded", (sess.error, sess.notes)
+    trials = trials_of(db, sid)
+    # not one run spent on max_wal_size; shared_buffers tuned first
+    assert all(t.knob != "max_wal_size" for t in trials)
+    assert trials[2].knob == "shared_buffers"
+    order = next(n for n in sess.notes if n.startswith("search order from the baseline"))
+    assert "shared_buffers: 20.0% of blocks read from outside shared_buffers, tried first" in order
+    aside = [n for n in sess.notes if n.startswith("max_wal_size not judged")]
+    # the first step (x4: 4GB) has the longer cycle: the 5 min timeout comes first
+    assert aside == [
+        "max_wal_size not judged: at 3.0 MB/s of WAL a checkpoint comes every 5 min, "
+        "and 28 s runs cannot show it; give duration_s >= 302"
+    ]
+    assert not any("no effect" in n for n in sess.notes)
+    # the counters in the trial API and on the dashboard's rows
+    out = trial_out(trials[0])
+    assert out.metrics["wal_bytes"] == 3 * MB * 28
+    assert out.io is not None
+    assert out.io.startswith("WAL 3.0 MB/s, FPI 10% | ckpt 0 timed 0 req")
+    assert trial_rows(db, sid)[0]["io"] == out.io
+    # the exports: the set-aside note, the I/O lines
+    conf = export(db, sid, "conf")
+    assert "# unchanged, set aside: max_wal_size not judged: at 3.0 MB/s" in conf
+    assert "server I/O, start config" in conf
+    assert "no effect" not in conf
+    assert '"not_judged": "max_wal_size not judged' in export(db, sid, "json")
+
+
+def test_long_runs_judge_it(db: Database, tmp_path: Path) -> None:
+    sid = _session(db, 302)  # the 5 min cycle fits in a 300 s window
+    sess = run_session(db, tmp_path, sid, FakeEnv(oltp_surface(), seed=4, metrics=counters(300)))
+    assert sess.status == "succeeded", (sess.error, sess.notes)
+    assert not any("not judged" in n for n in sess.notes)
+    assert any(t.knob == "max_wal_size" for t in trials_of(db, sid))
+
+
+def test_a_resumed_session_replays_the_counters_to_the_same_walk(
+    db: Database, tmp_path: Path
+) -> None:
+    plain = _session(db, 30)
+    run_session(db, tmp_path, plain, FakeEnv(oltp_surface(), seed=4, metrics=counters(28)))
+    crashed = _session(db, 30)
+    env = FakeEnv(oltp_surface(), seed=4, metrics=counters(28), faults=Faults(crash=5))
+    run_session(db, tmp_path, crashed, env)
+    with db.session() as s:
+        from app.models import TuningSession
+
+        r = s.get(TuningSession, crashed)
+        assert r is not None
+        r.lease_owner = "other"
+    env = FakeEnv(oltp_surface(), seed=4, metrics=counters(28))
+    sess = run_session(db, tmp_path, crashed, env, owner="other")
+    assert sess.status == "succeeded", (sess.error, sess.notes)
+    a, b = trials_of(db, plain), trials_of(db, crashed)
+    assert [(t.knob, t.value, t.role) for t in a] == [(t.knob, t.value, t.role) for t in b]
+    # each note once, the resumed process did not repeat them
+    assert sum(n.startswith("max_wal_size not judged") for n in sess.notes) == 1

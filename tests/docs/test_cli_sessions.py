@@ -1,0 +1,98 @@
+"""The manual's commands around a session (docs/tuning.md, reading-results.md): register,
+tune, apply, export, rollback with --yes, list and remove targets, cancel. One module of
+its own: the suite hands out whole modules to its workers, and this one is long."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from app.postgres.sandbox import Sandbox
+from tests.acceptance.conftest import BIN, user_env
+from tests.docs.blocks import command
+from tests.docs.shell import bash, knobtune
+from tests.helpers import WORK_MEM_SQL, file_settings
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_targets_cancel_export_and_rollback_with_yes(user_dir: Path, staging: Sandbox) -> None:
+    # a session that recommends a change (work_mem halves this script's time), then applied
+    (user_dir / "s.sql").write_text(WORK_MEM_SQL + "\n")
+    res = knobtune("targets", "add", "staging", "--dsn", staging.dsn, cwd=user_dir)
+    assert res.returncode == 0, res.stderr
+    res = knobtune(
+        "tune", "--target", "staging", "--script", "s.sql", "--knobs", "work_mem",
+        "--duration", "2", "--warmup", "1", "--clients", "2", "--jobs", "1",
+        "--max-trials", "11", cwd=user_dir, timeout=400,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    before = file_settings(staging.dsn)
+    res = knobtune("apply", "1", "--force", cwd=user_dir)
+    assert res.returncode == 0, res.stderr
+
+    # docs/reading-results.md: the export as ALTER SYSTEM statements
+    res = bash(command("reading-export"), user_dir)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("-- knobtune recommendation")
+    assert "ALTER SYSTEM SET work_mem" in res.stdout
+
+    # docs/tuning.md: somebody changes a setting; the rollback shows it, --yes goes ahead
+    with psycopg.connect(staging.dsn, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET random_page_cost = '1.5'")
+        conn.execute("SELECT pg_reload_conf()")
+    res = knobtune("rollback", "1", cwd=user_dir)
+    assert res.returncode == 2
+    assert "random_page_cost" in res.stderr
+    assert "--yes" in res.stderr
+    res = bash(command("tuning-rollback-yes"), user_dir)
+    assert res.returncode == 0, res.stderr
+    assert "changed since the apply: random_page_cost" in res.stdout
+    assert "Rolled back session 1 on staging" in res.stdout
+    after = [r for r in file_settings(staging.dsn) if r[1] != "random_page_cost"]
+    assert after == [r for r in before if r[1] != "random_page_cost"]
+
+    # docs/tuning.md: list, register another server, remove it
+    other = Sandbox.create()
+    try:
+        res = bash(command("tuning-targets"), user_dir, DSN=other.dsn)
+        assert res.returncode == 0, res.stderr
+        assert "staging" in res.stdout
+        assert "idle" in res.stdout
+        assert "target reporting registered" in res.stdout
+        assert "target reporting removed" in res.stdout
+    finally:
+        other.destroy()
+
+    # docs/tuning.md: cancel a running session (its id is 2 here), from another shell
+    untouched = file_settings(staging.dsn)
+    tune = subprocess.Popen(
+        [str(BIN / "knobtune"), "tune", "--target", "staging", "--script", "s.sql",
+         "--knobs", "work_mem", "--duration", "30", "--warmup", "1", "--clients", "2",
+         "--jobs", "1", "--max-trials", "11"],
+        cwd=user_dir, env=user_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            status = knobtune("status", "2", cwd=user_dir)
+            if "session 2 on staging: running" in status.stdout:
+                break
+            time.sleep(1)
+        res = bash(command("tuning-cancel"), user_dir)
+        assert res.returncode == 0, res.stderr
+        assert "session 2: cancelling" in res.stdout
+        _out, err = tune.communicate(timeout=120)
+        assert tune.returncode == 130, err[-2000:]
+    finally:
+        if tune.poll() is None:
+            os.killpg(tune.pid, signal.SIGKILL)
+            tune.wait()
+    assert file_settings(staging.dsn) == untouched  # the cancel restored the server

@@ -1,0 +1,222 @@
+"""The checkpoint rule (optimizer/checkpoints.py), the counters' line and the search order,
+pure; and the descent setting a checkpoint knob aside on short runs, judging it on long."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from optimizer.catalogue import GB, Hardware, knob_space
+from optimizer.checkpoints import CHECKPOINT_KNOBS, cycle_seconds, needed_duration, set_aside
+from optimizer.counters import ServerCounters, summary
+from optimizer.descent import CoordinateDescent, Measurement
+from optimizer.order import combine, order_knobs
+from optimizer.render import render_conf
+from optimizer.settings import DescentSettings
+
+MB = 1024 * 1024
+DEFAULTS = {
+    "max_wal_size": "1GB",
+    "checkpoint_timeout": "5min",
+    "checkpoint_completion_target": "0.9",
+}
+
+
+# -- the cycle -------------------------------------------------------------------------------
+def test_cycle_is_the_timeout_or_the_wal_distance_whichever_comes_first() -> None:
+    # 1 GB / 1.9 = 539 MB of WAL between checkpoints; at 1 MB/s: 539 s > 300 s -> timeout
+    assert cycle_seconds(DEFAULTS, 1 * MB) == 300
+    # at 3 MB/s: 1024 / 1.9 / 3 = 179.6 s, before the timeout
+    assert math.isclose(cycle_seconds(DEFAULTS, 3 * MB), 1024 / 1.9 / 3)
+    # checkpoint_completion_target counts: at 0.5, 1024 / 1.5 / 3 = 227.6 s
+    half = {**DEFAULTS, "checkpoint_completion_target": "0.5"}
+    assert math.isclose(cycle_seconds(half, 3 * MB), 1024 / 1.5 / 3)
+    # units as PostgreSQL reads them; missing inputs take its defaults
+    assert cycle_seconds({"max_wal_size": "64MB", "checkpoint_timeout": "30s"}, 1 * MB) == 30
+    assert math.isclose(cycle_seconds({"max_wal_size": "32MB"}, 1 * MB), 32 / 1.9)
+    assert cycle_seconds({}, 1 * MB) == 300
+    # no WAL: no checkpoint comes at all (a timed one is skipped when nothing was written)
+    assert cycle_seconds(DEFAULTS, 0.0) == math.inf
+
+
+def test_short_runs_set_a_checkpoint_knob_aside_with_the_length_it_needs() -> None:
+    big = {**DEFAULTS, "max_wal_size": "4GB"}
+    note = set_aside("max_wal_size", DEFAULTS, big, wal_rate=3 * MB, window_s=30, warmup_s=5)
+    # the candidate's cycle (4 GB: min(300, 719) = 300 s) is the longer of the two
+    assert note == (
+        "max_wal_size not judged: at 3.0 MB/s of WAL a checkpoint comes every 5 min, "
+        "and 30 s runs cannot show it; give duration_s >= 305"
+    )
+    assert "no effect" not in note
+    # a run that spans the cycle judges it
+    assert set_aside("max_wal_size", DEFAULTS, big, wal_rate=3 * MB, window_s=300) is None
+    # a small max_wal_size makes the cycle short: 30 s runs then show it
+    small = {**DEFAULTS, "max_wal_size": "32MB"}
+    smaller = {**DEFAULTS, "max_wal_size": "16MB"}
+    assert set_aside("max_wal_size", small, smaller, wal_rate=3 * MB, window_s=30) is None
+    # not a checkpoint knob, or no WAL rate measured: judged as any other knob
+    assert set_aside("work_mem", DEFAULTS, DEFAULTS, wal_rate=3 * MB, window_s=30) is None
+    assert set_aside("max_wal_size", DEFAULTS, big, wal_rate=None, window_s=30) is None
+    # no WAL at all: named as such, never as "no effect"
+    idle = set_aside("bgwriter_delay", DEFAULTS, DEFAULTS, wal_rate=0.0, window_s=30)
+    assert idle is not None
+    assert idle.startswith("bgwriter_delay not judged: the runs wrote no WAL")
+    assert needed_duration(300, 5) == 305
+    assert needed_duration(301, 0) == 360
+
+
+def test_the_list_holds_the_issues_knobs_and_the_extensions() -> None:
+    issue = {"max_wal_size", "min_wal_size", "checkpoint_timeout", "checkpoint_completion_target"}
+    assert issue <= set(CHECKPOINT_KNOBS)
+    assert {k for k in CHECKPOINT_KNOBS if k.startswith("bgwriter_")} == {
+        "bgwriter_delay", "bgwriter_lru_maxpages", "bgwriter_lru_multiplier", "bgwriter_flush_after"
+    }  # fmt: skip
+    assert {"wal_compression", "full_page_writes", "checkpoint_flush_after"} <= set(
+        CHECKPOINT_KNOBS
+    )
+
+
+# -- counters --------------------------------------------------------------------------------
+def test_counters_read_from_a_trials_metrics_and_print_in_one_line() -> None:
+    c = ServerCounters.from_metrics(
+        {"seconds": 10.0, "wal_bytes": 30 * MB, "wal_fpi": 400.0, "wal_records": 1000.0,
+         "checkpoints_timed": 0.0, "checkpoints_req": 1.0, "buffers_checkpoint": 1200.0,
+         "buffers_clean": 0.0, "buffers_backend": 3400.0, "blks_read": 100.0,
+         "blks_hit": 9900.0, "temp_files": 0.0, "temp_bytes": 0.0, "xact_commit": 5.0}
+    )  # fmt: skip
+    assert c is not None
+    assert c.wal_rate == 3 * MB
+    assert c.hit_ratio == 0.99
+    assert summary(c) == (
+        "WAL 3.0 MB/s, FPI 40% | ckpt 0 timed 1 req | written ckpt 1.2k bgw 0 backend 3.4k"
+        " | read 100 hit 99.0% | temp 0"
+    )
+    # stored before issue 29 (or a server that reported none of them): no counters
+    assert ServerCounters.from_metrics({"xact_commit": 5.0}) is None
+    assert ServerCounters.from_metrics({}) is None
+    assert summary(None) is None
+    # unmeasured is None, not 0
+    part = ServerCounters.from_metrics({"seconds": 2.0, "blks_hit": 5.0, "blks_read": 0.0})
+    assert part is not None
+    assert part.wal_rate is None
+    assert part.temp_files is None
+
+
+# -- the order ---------------------------------------------------------------------------------
+def test_busy_mechanisms_go_first_idle_ones_last_with_notes() -> None:
+    names = ["max_wal_size", "wal_compression", "checkpoint_timeout", "shared_buffers",
+             "jit", "work_mem", "random_page_cost", "bgwriter_lru_maxpages"]  # fmt: skip
+    c = ServerCounters(
+        seconds=60.0, wal_bytes=60 * MB, checkpoints_timed=0.0, checkpoints_req=0.0,
+        buffers_checkpoint=0.0, buffers_clean=0.0, buffers_backend=5000.0,
+        blks_read=20_000.0, blks_hit=80_000.0, temp_files=0.0, temp_bytes=0.0,
+        jit_ms=1.0, exec_ms=1000.0,
+    )  # fmt: skip
+    o = order_knobs(names, c)
+    # reads (20% of blocks) and backend writes are busy; checkpoints, temp files, JIT idle
+    assert o.order == (
+        "shared_buffers", "bgwriter_lru_maxpages", "random_page_cost",
+        "max_wal_size", "wal_compression", "checkpoint_timeout", "jit", "work_mem",
+    )  # fmt: skip
+    assert "jit: 0.1% of query time is JIT compilation, tried last" in o.notes
+    assert (
+        "shared_buffers: 20.0% of blocks read from outside shared_buffers, tried first" in o.notes
+    )
+    assert "max_wal_size: no checkpoint in the baseline's runs, tried last" in o.notes
+    assert any(n.startswith("work_mem: no sort or hash spilled") for n in o.notes)
+    # nothing measured: the given order, no notes
+    assert order_knobs(names, None).order == tuple(names)
+    assert order_knobs(names, ServerCounters(seconds=1.0)).order == tuple(names)
+    # a spilling, JIT-heavy analytic baseline
+    hot = ServerCounters(temp_files=12.0, temp_bytes=300.0 * MB, jit_ms=80.0, exec_ms=1000.0)
+    o2 = order_knobs(["shared_buffers", "random_page_cost", "jit", "work_mem"], hot)
+    assert o2.order == ("jit", "work_mem", "shared_buffers", "random_page_cost")
+    assert "work_mem: 12 temp files (300.0 MB) in the baseline, tried first" in o2.notes
+
+
+def test_combine_adds_runs_and_keeps_unmeasured_as_none() -> None:
+    a = ServerCounters(seconds=10.0, wal_bytes=10.0, jit_ms=None)
+    b = ServerCounters(seconds=10.0, wal_bytes=30.0, jit_ms=1.0)
+    c = combine([a, b])
+    assert c is not None
+    assert c.seconds == 20
+    assert c.wal_bytes == 40
+    assert c.jit_ms is None
+    assert combine([]) is None
+
+
+# -- in the descent ---------------------------------------------------------------------------
+HW = Hardware(ram_bytes=8 * GB, cpus=4)
+
+
+def _run(level: float, wal_rate: float | None, seconds: float, **more: float) -> Measurement:
+    rng = np.random.default_rng(int(level * 10) % 1000)
+    counters = None
+    if wal_rate is not None:
+        counters = ServerCounters(seconds=seconds, wal_bytes=wal_rate * seconds, **more)
+    return Measurement(tuple(level * (1 + 0.01 * rng.standard_normal(seconds and 10))),
+                       counters=counters)  # fmt: skip
+
+
+SEEN: dict[int, list[str | None]] = {}
+
+
+def _walk(window_s: float, wal_rate: float | None, **more: float) -> CoordinateDescent:
+    space = knob_space(["max_wal_size", "shared_buffers"], HW)
+    opt = CoordinateDescent(
+        space,
+        {"max_wal_size": "1GB", "shared_buffers": "128MB"},
+        DescentSettings(max_trials=40, run_seconds=window_s, warmup_seconds=5, max_passes=1),
+        server={"checkpoint_timeout": "5min", "checkpoint_completion_target": "0.9"},
+    )
+    SEEN[id(opt)] = []
+    while (cand := opt.suggest()) is not None:
+        SEEN[id(opt)].append(cand.knob)
+        # shared_buffers larger is better; max_wal_size does nothing measurable
+        level = 1000.0 * (1.3 if cand.config["shared_buffers"] != "128MB" else 1.0)
+        opt.register(cand, _run(level, wal_rate, window_s, **more))
+    return opt
+
+
+def test_the_descent_sets_aside_on_short_runs_and_judges_on_long_ones() -> None:
+    short = _walk(30, 3 * MB)
+    assert set(short.set_aside) == {"max_wal_size"}
+    note = short.set_aside["max_wal_size"]
+    assert note.startswith("max_wal_size not judged: at 3.0 MB/s of WAL a checkpoint comes")
+    assert "give duration_s >= 305" in note
+    assert "max_wal_size" not in SEEN[id(short)]  # not one run spent on it
+    rec = short.recommendation()
+    n = next(n for n in rec.notes if n.name == "max_wal_size")
+    assert n.not_judged == note
+    assert n.excluded is None
+    assert n.trials == 0
+    conf = render_conf(rec)
+    assert "# unchanged, set aside: max_wal_size not judged" in conf
+    assert "no effect" not in conf
+    # shared_buffers is still tuned
+    assert short.incumbent["shared_buffers"] != "128MB"
+
+    # runs as long as the cycle: judged (measured, not set aside)
+    long = _walk(300, 3 * MB)
+    assert long.set_aside == {}
+    assert any(k == "max_wal_size" for _, k, _, _ in long.verdicts)
+    # no WAL rate measured (a server without pg_stat_wal): judged as before
+    assert _walk(30, None).set_aside == {}
+
+
+def test_the_descent_orders_knobs_from_the_baselines_counters() -> None:
+    # the baseline's runs read 20% of their blocks and saw no checkpoint:
+    # shared_buffers (second in the given order) is tuned first
+    opt = _walk(300, 0.01 * MB, blks_read=200.0, blks_hit=800.0, checkpoints_timed=0.0,
+                checkpoints_req=0.0)  # fmt: skip
+    assert opt.order_notes[0].startswith("shared_buffers: 20.0% of blocks read")
+    first = [k for _, k, _, _ in opt.verdicts if k]
+    assert first[0] == "shared_buffers"
+    # off: the given order
+    space = knob_space(["max_wal_size", "shared_buffers"], HW)
+    plain = CoordinateDescent(
+        space, {}, replace(DescentSettings(max_trials=40), order_by_counters=False)
+    )
+    assert plain.order_notes == ()
