@@ -30,6 +30,18 @@ write-heavy, mixed otherwise: optimizer.heuristic.db_type_for), as the session's
 
     .venv/bin/python bench/e2e.py --workloads C1 --rounds 4 --confirm-duration 30 \
         --compare '{"sync_off": {"synchronous_commit": "off"}}'
+
+``--profile NAME`` runs the sandbox as a small server (docs/profiles.md): it is created in
+that profile's cgroup (memory, page cache included, disk IOPS and MB/s, CPUs), and every
+start and restart stays inside it, the session's (the restart method handed to the service
+names the cgroup) and the confirmation's alike. The target is registered with the profile's
+memory and CPUs, and the PGTune-style config is computed for them, not for the host. The
+output records the profile, its limits, the cgroup, whether the postmaster and its backends
+were inside it after the session and after the confirmation, and each run's I/O counters
+(docs/evidence.md). B1 is issue 29's first case, sized for ``small`` (1 GB):
+
+    .venv/bin/python bench/e2e.py --workloads B1 --profile small --budget-s 900 \
+        --duration 45 --rounds 4 --out bench/results/e2e-B1-small.json
 """
 
 from __future__ import annotations
@@ -38,7 +50,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -48,26 +59,35 @@ from typing import Any
 
 import httpx
 import numpy as np
-from scipy import stats
+import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.chart import final_label, points_of, render_svg  # noqa: E402
-from app.evidence import bench_spec, stream_stat  # noqa: E402
-from app.postgres.pgbench import run_streams  # noqa: E402
+from app.evidence import io_line  # noqa: E402
+from app.postgres.cgroups import PROFILES, Limits, resolve  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
+from app.runs.trial import TrialExecutor, TrialOutcome  # noqa: E402
 from app.schemas import WorkloadIn  # noqa: E402
 from app.workloads import workload_for  # noqa: E402
-from optimizer.catalogue import CATALOGUE, Hardware  # noqa: E402
+from bench.common import (  # noqa: E402
+    interleaved,
+    load_average,
+    machine,
+    measured,
+    paired_gain,
+    profile_of,
+)
+from optimizer.catalogue import CATALOGUE, Hardware, default_knobs  # noqa: E402
 from optimizer.evidence import FLOOR, Objective, run_level, unfinished  # noqa: E402
 from optimizer.heuristic import db_type_for, pgtune  # noqa: E402
 from tests.helpers import ServiceProcess  # noqa: E402
 
 # W2's reporting query: sorts a 60,000-row range of pgbench_accounts by a wide column, so
-# work_mem decides between an in-memory sort and a spill to disk (DESIGN.md: ~39-48 tps at
-# 4MB, 57-80 at 16MB). Mixed 1:1 (by transaction count) with TPC-B.
+# work_mem decides between an in-memory sort and a spill to disk (docs/architecture.md:
+# ~39-48 tps at 4MB, 57-80 at 16MB). Mixed 1:1 (by transaction count) with TPC-B.
 REPORT_SQL = (
     "\\set a random(1, 100000 * :scale - 60000)\n"
     "SELECT aid FROM (SELECT aid, filler FROM pgbench_accounts "
@@ -108,6 +128,61 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "workload": {"builtin": "tpcc", "scale": 4, "clients": 8},
         "kind": "write-heavy",
     },
+    # Issue 29's first case, the 001 study: TPC-B on data larger than the server's memory.
+    # Sized for profile "small" (1 GB, 1 CPU, 1000 IOPS, 100 MB/s): scale 100 is about
+    # 1.5 GB of tables and indexes. The study's knobs first (it tuned max_wal_size and the
+    # bgwriter; the issue's one memory knob worth about +30% there is shared_buffers), then
+    # the rest of the write-heavy set. The session's counters may still reorder them
+    # (docs/evidence.md: busy mechanisms first) and set checkpoint knobs aside on runs that
+    # hold no checkpoint cycle.
+    "B1": {
+        "description": "TPC-B on data larger than memory: pgbench tpcb-like, scale 100 "
+        "(about 1.5 GB), 8 clients, 2 jobs; the 001 study's knobs first",
+        "workload": {"builtin": "tpcb-like", "scale": 100, "clients": 8, "jobs": 2},
+        "kind": "write-heavy",
+        "knobs": [
+            "max_wal_size",
+            "bgwriter_lru_maxpages",
+            "shared_buffers",
+            "wal_compression",
+            "checkpoint_timeout",
+            "checkpoint_completion_target",
+            "min_wal_size",
+            "wal_buffers",
+        ],
+    },
+    # Issue 29's second case: TPC-C, the blocked issue's target, on an I/O-bound server.
+    # 10 warehouses is about 1 GB of tables and indexes: larger than profile "small"'s
+    # memory once PostgreSQL's own memory is counted, on a 1000-IOPS disk. The session's
+    # default write-heavy knob set, ordered again by the baseline's counters.
+    "C2": {
+        "description": "OLTP on data larger than memory: TPC-C, 10 warehouses (about 1 GB), "
+        "8 clients, standard mix",
+        "workload": {"builtin": "tpcc", "scale": 10, "clients": 8},
+        "kind": "write-heavy",
+    },
+    # Issue 29's third case, the 004 study (pgbench on PG16, the disk the bottleneck): TPC-B
+    # whose data fits in memory (scale 50, about 750 MB, under 2 GB), so every commit waits
+    # on a throttled disk (profile micro's 500 IOPS and 50 MB/s; 2 GB and 2 CPUs so that
+    # neither memory nor CPU is the limit: --profile micro --memory 2GB --cpus 2). The safe
+    # knobs that act on WAL flushing and volume; synchronous_commit only with
+    # --allow-unsafe, and then reported as a durability trade.
+    "D1": {
+        "description": "commit-bound TPC-B: pgbench tpcb-like, scale 50 (about 750 MB, in "
+        "memory), 16 clients, 2 jobs, on a 500-IOPS disk",
+        "workload": {"builtin": "tpcb-like", "scale": 50, "clients": 16, "jobs": 2},
+        "kind": "write-heavy",
+        "knobs": [
+            "commit_delay",
+            "wal_compression",
+            "wal_buffers",
+            "max_wal_size",
+            "checkpoint_timeout",
+            "checkpoint_completion_target",
+            "wal_writer_delay",
+            "shared_buffers",
+        ],
+    },
     # Hybrid: CH-benCHmark, TPC-C clients and one analytic client on the same data
     "CH1": {
         "description": "hybrid: CH-benCHmark, 2 warehouses, 4 TPC-C clients + 1 client "
@@ -121,6 +196,10 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 def tune(
     api: httpx.Client, target_id: int, spec: dict[str, Any], args: argparse.Namespace
 ) -> dict[str, Any]:
+    """A session through the REST API, polled until it ends; what it claimed and how its
+    time went. ``spec``: name, workload, kind, and optionally objective, knobs, request
+    (more fields of the session's request) and chart (the chart's file name, written next
+    to ``args.out``)."""
     body = {
         "target_id": target_id,
         "workload": {**spec["workload"], "duration_s": args.duration, "warmup_s": args.warmup},
@@ -129,10 +208,20 @@ def tune(
         "time_budget_s": args.budget_s,
         "max_trials": 500,  # the time budget decides
         "start": args.start,
+        "final_check_runs": args.final_check_runs,
         "seed": 1,
     }
+    if spec.get("knobs"):
+        body["knobs"] = spec["knobs"]
+    body.update(spec.get("request") or {})
+    if args.allow_unsafe:
+        # durability-unsafe knobs join the set: the session labels them as a trade
+        body["allow_unsafe"] = True
+        base = body.get("knobs") or default_knobs(spec["kind"])
+        body["knobs"] = [*base, *args.allow_unsafe.split(",")]
     r = api.post("/api/v1/sessions", json=body)
-    r.raise_for_status()
+    if r.status_code != 202:
+        raise SystemExit(f"the service refused the session ({r.status_code}): {r.text}")
     sid = r.json()["id"]
     last = None
     while True:
@@ -162,7 +251,7 @@ def tune(
     loop_wall = (datetime.fromisoformat(trials[-1]["finished_at"]) - first).total_seconds()
     start = trials[0]["config"]
     best = s["best_config"] or {}
-    chart = Path(args.out).with_name(f"e2e-{spec['name']}-chart.svg")
+    chart = Path(args.out).with_name(spec.get("chart") or f"e2e-{spec['name']}-chart.svg")
     chart.write_text(
         render_svg(
             points_of(trials),
@@ -201,72 +290,69 @@ def tune(
                 t["knob"] or t["value"],
                 t["samples"]["median_tps"],
                 t["verdict"],
+                t.get("io"),
+                t["value"],  # the candidate's value (a rejected one has no run to show it)
             ]
             for t in trials
         ],
+        # the server's counters over each trial's measured window (docs/evidence.md)
+        "trials_metrics": [t.get("metrics") or {} for t in trials],
     }
+
+
+Confirmed = tuple[
+    dict[str, list[float | None]], dict[str, list[list[str]]], dict[str, list[dict[str, Any]]]
+]
 
 
 def confirm(
     sb: Sandbox, configs: dict[str, dict[str, str]], spec: dict[str, Any], args: argparse.Namespace
-) -> tuple[dict[str, list[float | None]], dict[str, list[list[str]]]]:
+) -> Confirmed:
     """Interleaved runs: warm-up (discarded) then a measured run, config after config.
 
     Each run is every stream of the workload at once, levelled from its transactions by
     the session's objective (as the verdict does), reported as exp(level). A run in which
     some designed query never finished has no level (None; the verdict does not use such
-    a run either): its missing stream/label names are returned beside.
+    a run either): its missing stream/label names are returned beside, and each run's
+    server counters (its I/O line and the raw differences).
     """
-    ctl = TargetController(sb.dsn, restart_command=sb.restart_command, data_dir=sb.data_dir)
+    ctl = TargetController.for_sandbox(sb)
     wl = WorkloadIn.model_validate({**spec["workload"], "duration_s": 60, "warmup_s": 5})
     workload = workload_for(wl)
     workload.prepare(sb.dsn)  # re-uses what a session loaded
-    streams = workload.streams()
     objective = Objective(kind=spec.get("objective", "throughput"))
-    measured = [
-        bench_spec(st, duration_s=args.confirm_duration, warmup_s=args.warmup) for st in streams
-    ]
-    warm = [bench_spec(st, duration_s=args.confirm_warmup, warmup_s=0) for st in streams]
-    names = sorted({k for c in configs.values() for k in c})
-    snapshot = ctl.snapshot(names)
+    # the session's trial executor: apply, a discarded warm-up run, reset, measured run, stats
+    executor = TrialExecutor(
+        ctl,
+        sb.dsn,
+        workload,
+        duration_s=args.confirm_duration,
+        warmup_s=args.warmup,
+        warmup_run_s=args.confirm_warmup,
+    )
     levels: dict[str, list[float | None]] = {k: [] for k in configs}
     missing: dict[str, list[list[str]]] = {k: [] for k in configs}
-    try:
-        labels = list(configs)
-        for rnd in range(args.rounds):
-            # each config takes each place in the round in turn, so that whatever drifts
-            # within a round (cache, autovacuum) does not always favour the same one
-            k = rnd % len(labels)
-            for label in labels[k:] + labels[:k]:
-                config = configs[label]
-                ctl.revert(snapshot)
-                if config:
-                    ctl.apply(config)
-                run_streams(sb.dsn, warm)
-                workload.reset(sb.dsn)  # as the session does: every measured run on the same data
-                results = run_streams(sb.dsn, measured)
-                stats = [
-                    stream_stat(st, res, args.warmup)
-                    for st, res in zip(streams, results, strict=True)
-                ]
-                if not all(r.ok for r in results) or any(x is None for x in stats):
-                    errors = "; ".join(str(r.error) for r in results if not r.ok)
-                    raise RuntimeError(f"confirmation run of {label} failed: {errors}")
-                done = [x for x in stats if x is not None]
-                level = run_level(done, objective)
-                gone = unfinished(done)
-                levels[label].append(None if level.centre <= FLOOR else math.exp(level.centre))
-                missing[label].append(gone)
-                figures = ", ".join(f"{x.name} {x.transactions} tx" for x in done)
-                shown = "incomplete" if gone else f"{math.exp(level.centre):.4g}"
-                print(
-                    f"  round {rnd + 1} {label}: level {shown} ({figures}"
-                    f"{'; never finished: ' + ' '.join(gone) if gone else ''})",
-                    file=sys.stderr,
-                )
-    finally:
-        ctl.revert(snapshot)
-    return levels, missing
+    io: dict[str, list[dict[str, Any]]] = {k: [] for k in configs}
+
+    def record(rnd: int, label: str, out: TrialOutcome) -> None:
+        done = list(measured(out, f"confirmation run of {label}"))
+        level = run_level(done, objective)
+        gone = unfinished(done)
+        levels[label].append(None if level.centre <= FLOOR else math.exp(level.centre))
+        missing[label].append(gone)
+        metrics = dict(out.result.db_metrics or {}) if out.result is not None else {}
+        io[label].append({"io": io_line(metrics), "metrics": metrics})
+        figures = ", ".join(f"{x.name} {x.transactions} tx" for x in done)
+        shown = "incomplete" if gone else f"{math.exp(level.centre):.4g}"
+        print(
+            f"  round {rnd + 1} {label}: level {shown} ({figures}"
+            f"{'; never finished: ' + ' '.join(gone) if gone else ''})"
+            f" [{io[label][-1]['io']}]",
+            file=sys.stderr,
+        )
+
+    interleaved(ctl, executor, configs, args.rounds, record)
+    return levels, missing, io
 
 
 def summarize(
@@ -298,68 +384,110 @@ def summarize(
     return out
 
 
-def paired_gain(
-    c: list[float | None], ref: list[float | None], lower_is_better: bool = False
-) -> dict[str, Any]:
-    """Gain of c over ref from per-round log ratios of levels (levels: higher is better),
-    over the rounds where both runs are complete.
+def _workload(spec: dict[str, Any]) -> Any:
+    return workload_for(WorkloadIn.model_validate({**spec["workload"], "duration_s": 60}))
 
-    ``lower_is_better``: the objective is a time; the gain is the fraction of time saved.
-    """
-    pairs = [(x, y) for x, y in zip(c, ref, strict=True) if x is not None and y is not None]
-    if not pairs:
-        return {"gain": None, "ci95": None, "p_value": None, "rounds": 0}
-    d = np.log(np.array([x for x, _ in pairs])) - np.log(np.array([y for _, y in pairs]))
-    n = d.size
-    mean, sd = float(d.mean()), float(d.std(ddof=1)) if n > 1 else 0.0
-    half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n) if n > 1 and sd > 0 else 0.0
-    p = float(stats.ttest_1samp(d, 0.0).pvalue) if n > 1 and sd > 0 else None
 
-    def gain(x: float) -> float:
-        return round(-math.expm1(-x) if lower_is_better else math.expm1(x), 4)
+def _db_size(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+    return int(row[0]) if row else 0
 
+
+def make_sandbox(
+    spec: dict[str, Any], limits: Limits | None, args: argparse.Namespace
+) -> tuple[Sandbox, dict[str, Any]]:
+    """A sandbox (in the profile's cgroup from its first start) with the workload's data
+    loaded under the same limits: B1's scale 100 (1.47 GiB) loads in about 93 s under
+    ``small``, so there is no need to load before the cap and evict the cache after."""
+    sb = Sandbox.create(limits=limits)
+    try:
+        t = time.monotonic()
+        note = _workload(spec).prepare(sb.dsn)
+        load = {
+            "seconds": round(time.monotonic() - t, 1),
+            "under": str(limits) if limits is not None else "no limits",
+            "note": note,
+            "size_bytes": _db_size(sb.dsn),
+        }
+        print(
+            f"  data: {load['size_bytes'] / 2**30:.2f} GiB loaded in {load['seconds']} s "
+            f"under {load['under']}",
+            file=sys.stderr,
+        )
+    except BaseException:
+        sb.destroy()
+        raise
+    return sb, load
+
+
+def in_cgroup(sb: Sandbox) -> dict[str, Any] | None:
+    """Are the postmaster and all its children in the sandbox's cgroup (None: no profile)?"""
+    cg = sb.cgroup
+    if cg is None:
+        return None
+    server = sb.postmaster_pids()
+    inside = cg.pids()
     return {
-        "gain": gain(mean),
-        "ci95": [gain(mean - half), gain(mean + half)],
-        "p_value": None if p is None else round(p, 5),
-        "rounds": n,
+        "cgroup": cg.name,
+        "server_processes": len(server),
+        "outside": sorted(server - inside),
+        "all_inside": bool(server) and server <= inside,
     }
 
 
 def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
     spec = {**WORKLOADS[name], "name": name}
     print(f"{name}: {spec['description']}", file=sys.stderr)
+    overrides = {
+        "memory": args.memory,
+        "disk_iops": args.disk_iops,
+        "disk_mbps": args.disk_mbps,
+        "cpus": args.cpus,
+    }
+    given = {k: v for k, v in overrides.items() if v is not None}
+    limits = resolve(profile=args.profile, **given) if args.profile or given else None
     if args.compare:
-        return compare_only(spec, json.loads(args.compare), args)
-    with tempfile.TemporaryDirectory(prefix=f"knobtune-e2e-{name}-") as tmp, Sandbox.create() as sb:
-        service = ServiceProcess(Path(tmp))
+        return compare_only(spec, json.loads(args.compare), limits, args)
+    sb, load = make_sandbox(spec, limits, args)
+    with tempfile.TemporaryDirectory(prefix=f"knobtune-e2e-{name}-") as tmp, sb:
+        # the sandbox's own restart method: with a profile it names the cgroup, so the
+        # service's restarts start the server inside it too
+        methods = {"e2e": sb.restart_method.model_dump(by_alias=True)}
+        service = ServiceProcess(Path(tmp), KNOBTUNE_RESTART_METHODS=json.dumps(methods))
         service.start()
+        body: dict[str, Any] = {
+            "name": f"e2e-{name}",
+            "dsn": sb.dsn,
+            "restart_method": "e2e",
+            "data_dir": str(sb.data_dir),
+        }
+        if limits is not None:
+            # the server as the profile makes it (the service would also read the cgroup)
+            body.update(ram_bytes=limits.memory_bytes, cpus=limits.cpus)
         try:
             api = httpx.Client(base_url=service.url, timeout=120)
-            target = api.post(
-                "/api/v1/targets",
-                json={
-                    "name": f"e2e-{name}",
-                    "dsn": sb.dsn,
-                    "restart_command": sb.restart_command,
-                    "data_dir": str(sb.data_dir),
-                },
-            )
+            target = api.post("/api/v1/targets", json=body)
             target.raise_for_status()
+            registered = {k: target.json().get(k) for k in ("ram_bytes", "cpus", "hardware_note")}
             t0 = time.monotonic()
             session = tune(api, target.json()["id"], spec, args)
             session["tuning_wall_s"] = round(time.monotonic() - t0, 1)
+            session["target"] = registered
         finally:
             service.stop()
+        after_session = in_cgroup(sb)
         hw = Hardware(
-            ram_bytes=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-            cpus=os.cpu_count() or 1,
+            ram_bytes=(limits.memory_bytes if limits and limits.memory_bytes else None)
+            or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+            cpus=(limits.cpus if limits and limits.cpus else None) or os.cpu_count() or 1,
         )
         db_type = db_type_for(spec["kind"])
         pgtune_config = {k: v for k, v in pgtune(hw, db_type).items() if k in CATALOGUE}
         configs = {"default": {}, "pgtune": pgtune_config, "knobtune": session["best_config"]}
         print(f"{name}: confirmation, {args.rounds} rounds of A/B/C", file=sys.stderr)
-        levels, missing = confirm(sb, configs, spec, args)
+        levels, missing, io = confirm(sb, configs, spec, args)
+        after_confirmation = in_cgroup(sb)
     lower = Objective(kind=spec.get("objective", "throughput")).lower_is_better
     summary = summarize(levels, lower)
     vs_default = paired_gain(levels["knobtune"], levels["default"], lower)
@@ -371,14 +499,22 @@ def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
     low, high = vs_default["ci95"] or (None, None)
     return {
         "workload": spec["description"],
+        "profile": profile_of(limits),
+        "data": load,
+        "server_in_cgroup": None
+        if limits is None
+        else {"after_session": after_session, "after_confirmation": after_confirmation},
+        "pgtune_hardware": {"ram_bytes": hw.ram_bytes, "cpus": hw.cpus},
         "session": session,
         "objective": spec.get("objective", "throughput"),
         "pgtune_db_type": db_type,
         "configs": {"pgtune": pgtune_config, "knobtune": session["best_config"]},
         "confirmation": summary,
         "confirmation_never_finished": missing,
+        "confirmation_io": io,
         "knobtune_vs_default": vs_default,
         "knobtune_vs_pgtune": vs_pgtune,
+        "pgtune_vs_default": paired_gain(levels["pgtune"], levels["default"], lower),
         "share_of_claimed_gain_confirmed": None if kept is None else round(kept, 3),
         # a small claim's share is mostly noise: is the claim inside the confirmed interval?
         "claim_within_confirmed_ci95": None
@@ -388,18 +524,25 @@ def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def compare_only(
-    spec: dict[str, Any], configs: dict[str, dict[str, str]], args: argparse.Namespace
+    spec: dict[str, Any],
+    configs: dict[str, dict[str, str]],
+    limits: Limits | None,
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     """No session: the default against each of ``configs`` ({label: {knob: value}})."""
-    with Sandbox.create() as sb:
-        levels, missing = confirm(sb, {"default": {}, **configs}, spec, args)
+    sb, load = make_sandbox(spec, limits, args)
+    with sb:
+        levels, missing, io = confirm(sb, {"default": {}, **configs}, spec, args)
     lower = Objective(kind=spec.get("objective", "throughput")).lower_is_better
     return {
         "workload": spec["description"],
+        "profile": profile_of(limits),
+        "data": load,
         "objective": spec.get("objective", "throughput"),
         "configs": configs,
         "confirmation": summarize(levels, lower),
         "confirmation_never_finished": missing,
+        "confirmation_io": io,
         "vs_default": {k: paired_gain(levels[k], levels["default"], lower) for k in configs},
     }
 
@@ -415,6 +558,12 @@ def main() -> int:
     )
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--start", choices=["current", "heuristic"], default="current")
+    p.add_argument(
+        "--final-check-runs",
+        type=int,
+        default=6,
+        help="the session's final check (best and start side by side, A B B A ...), even",
+    )
     p.add_argument("--rounds", type=int, default=5, help="confirmation rounds (runs per config)")
     p.add_argument("--confirm-duration", type=int, default=20)
     p.add_argument("--confirm-warmup", type=int, default=10, help="discarded run before each")
@@ -422,25 +571,44 @@ def main() -> int:
         "--compare",
         help='no session: confirm the default against these configs, JSON {"label": {knob: value}}',
     )
+    p.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        help="run the sandbox as this hardware profile's small server (docs/profiles.md)",
+    )
+    p.add_argument("--memory", help="the profile's memory replaced, e.g. 2GB")
+    p.add_argument("--disk-iops", type=int, help="the profile's disk IOPS replaced")
+    p.add_argument("--disk-mbps", type=int, help="the profile's disk MB/s replaced")
+    p.add_argument("--cpus", type=int, help="the profile's CPUs replaced")
+    p.add_argument(
+        "--allow-unsafe",
+        metavar="KNOBS",
+        help="let the session tune these durability-unsafe knobs too (comma-separated, "
+        "e.g. synchronous_commit); it labels what it keeps as a durability trade",
+    )
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "e2e.json"))
+    p.add_argument(
+        "--small",
+        action="store_true",
+        help="each workload at its smallest size (scale 1, TPC-H SF 0.01, 2 clients): a "
+        "check that the command runs (tests/docs), not a measurement",
+    )
     args = p.parse_args()
-    load_before = os.getloadavg()
+    if args.small:
+        for spec in WORKLOADS.values():
+            wl = spec["workload"]
+            wl["scale"] = 0.01 if wl["builtin"] == "tpch" else 1
+            wl.update({k: v for k, v in (("clients", 2), ("jobs", 1)) if k in wl})
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    load_before = load_average()
     results: dict[str, Any] = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "ram_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "args": vars(args),
         "workloads": {w: run_workload(w, args) for w in args.workloads.split(",")},
     }
     # Other work on the machine adds noise to every run; say how busy it was.
-    results["load_average_1m"] = {
-        "before": round(load_before[0], 2),
-        "after": round(os.getloadavg()[0], 2),
-    }
+    results["load_average_1m"] = {"before": load_before, "after": load_average()}
     text = json.dumps(results, indent=2)
     Path(args.out).write_text(text + "\n")
     print(text)

@@ -40,6 +40,7 @@ import argparse
 import contextlib
 import json
 import os
+import pwd
 import signal
 import sqlite3
 import sys
@@ -60,8 +61,9 @@ from app.models import Trial, TuningSession  # noqa: E402
 from app.postgres.sandbox import Sandbox, SandboxError  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
 from app.postgres.units import same_value  # noqa: E402
+from app.runs.store import ReplayMismatch, SessionStore  # noqa: E402
 from app.schemas import SessionIn  # noqa: E402
-from app.tuning import measurement, session_optimizer  # noqa: E402
+from app.tuning import session_optimizer  # noqa: E402
 from tests.helpers import ServiceProcess, file_settings  # noqa: E402
 
 WORKLOAD = {"builtin": "tpcb-like", "scale": 1, "clients": 2, "jobs": 1, "duration_s": 3,
@@ -265,32 +267,28 @@ def meta_row(db_url: str, sid: int) -> dict[str, Any]:
 
 
 def replay_matches(db_url: str, sid: int) -> bool:
-    """A fresh optimizer fed the stored trials in order asks for exactly them (as on resume)."""
+    """A fresh optimizer fed the stored trials in order asks for exactly them (as on resume).
+
+    The session store's own replay (app/runs/store.py), the one a resuming process runs.
+    """
     db = Database(db_url)
     try:
         with db.session() as s:
             sess = s.get(TuningSession, sid)
             assert sess is not None
-            trials = list(sess.trials)
             data, request, seed = sess.snapshot, sess.request, sess.seed
+        store = SessionStore(db, sid, owner=None)  # reads only
         if data is None:
-            return not trials
+            return not store.stored_trials()
         body = SessionIn.model_validate(request)
         opt = session_optimizer(body, data, seed, can_restart=True).optimizer
-        for t in trials:
-            cand = opt.suggest()
-            if cand is None or cand.index + 1 != t.index or cand.config != t.config:
-                return False
-            opt.register(cand, _measurement(t))
+        try:
+            store.replay(opt)
+        except ReplayMismatch:
+            return False
         return True
     finally:
         db.dispose()
-
-
-def _measurement(t: Trial) -> Any:
-    error = t.error or (t.reason if t.verdict == "rejected" else None)
-    return measurement(t.samples, p95_samples=t.p95_samples, p95=t.latency_p95_ms,
-                       p99=t.latency_p99_ms, error=error)  # fmt: skip
 
 
 def at_known_state(
@@ -331,6 +329,24 @@ def check_trials(run: Run, before: list[dict[str, Any]], final: list[dict[str, A
             run.problems.append(f"trial {t['index']} stored before the fault changed")
 
 
+def restart_method(sb: Sandbox, prefix: str) -> dict[str, Any]:
+    """The operator's restart method for the scenario's sandbox (argv, no shell of ours).
+
+    With a prefix (``ulimit -v ...;``: a candidate that cannot boot), the operator's own
+    configuration wraps pg_ctl in ``sh -c``, as the cluster's OS user.
+    """
+    pg = sb.restart_method
+    if not prefix:
+        return pg.model_dump(by_alias=True)
+    owner = pwd.getpwuid(sb.data_dir.stat().st_uid).pw_name
+    return {
+        "kind": "command",
+        "argv": ["sh", "-c", f'{prefix}exec "$0" "$@"', *pg.full_argv()],
+        "user": owner if os.geteuid() == 0 else None,
+        "timeout_s": pg.timeout_s,
+    }
+
+
 class Scenario:
     """Shared setup of a run: sandbox target, service, session; checks at the end."""
 
@@ -350,6 +366,8 @@ class Scenario:
         self.dir = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=root))
         self.sb = Sandbox.create()
         self.db_url = db_url or f"sqlite:///{self.dir / 'meta.db'}"
+        env = {**(env or {}), "KNOBTUNE_RESTART_METHODS": json.dumps(
+            {"faults": restart_method(self.sb, restart_prefix)})}  # fmt: skip
         self.service = factory(self.dir, self.db_url, env)
         self.restart_prefix = restart_prefix
         self.t0 = time.monotonic()
@@ -369,7 +387,7 @@ class Scenario:
             json={
                 "name": self.run.kind,
                 "dsn": self.sb.dsn,
-                "restart_command": f"{self.restart_prefix}{self.sb.restart_command}",
+                "restart_method": "faults",
                 "data_dir": str(self.sb.data_dir),
             },
         )
@@ -487,7 +505,7 @@ def trials_of_db(db_url: str, sid: int) -> list[dict[str, Any]]:
     try:
         with db.session() as s:
             rows = s.query(Trial).filter(Trial.session_id == sid).order_by(Trial.index).all()
-            from app.service import trial_out
+            from app.sessions.service import trial_out
 
             return [json.loads(trial_out(t).model_dump_json()) for t in rows]
     finally:
@@ -497,7 +515,10 @@ def trials_of_db(db_url: str, sid: int) -> list[dict[str, Any]]:
 def target_killed(back: bool, root: Path, factory: ServiceFactory, quick: bool = False) -> Run:
     kind = "target_killed_back" if back else "target_killed_gone"
     env = {"KNOBTUNE_TARGET_RETRY_S": "20" if back else "4"}
-    with scenario(kind, root, factory, env=env, quick=quick) as sc:
+    # A postmaster killed under a trial is started again by knobtune through the target's
+    # restart method (issue 29); "gone" is a server that method cannot start.
+    prefix = "" if back else "exit 3; "
+    with scenario(kind, root, factory, env=env, quick=quick, restart_prefix=prefix) as sc:
         trials = (5 if quick else 6) if back else 8
         sid = sc.begin(["work_mem", "max_wal_size"], max_trials=trials)
         api = sc.service.api
@@ -517,7 +538,7 @@ def target_killed(back: bool, root: Path, factory: ServiceFactory, quick: bool =
         sc.run.details["failed_trials"] = [t["error"][:160] for t in failed]
         if not failed:
             sc.run.problems.append("no trial was recorded as failed")
-        if not back and "did not come back" not in (final["error"] or ""):
+        if not back and "could not be started again" not in (final["error"] or ""):
             sc.run.problems.append(f"unclear session error: {final['error']}")
     return sc.done()
 
@@ -544,7 +565,7 @@ def metadata_outage(
     root: Path, factory: ServiceFactory, outage_s: float = 8.0, quick: bool = False
 ) -> Run:
     meta = Sandbox.create()
-    url = f"postgresql+psycopg://postgres@127.0.0.1:{meta.port}/postgres"
+    url = f"postgresql+psycopg://postgres:{meta.password}@127.0.0.1:{meta.port}/postgres"
     try:
         with scenario("metadata_db_outage", root, factory, db_url=url, quick=quick) as sc:
             sid = sc.begin(["work_mem", "max_wal_size"], max_trials=5 if quick else 6)

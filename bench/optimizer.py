@@ -48,6 +48,7 @@ from optimizer.descent import CoordinateDescent  # noqa: E402
 from optimizer.evidence import run_level  # noqa: E402
 from optimizer.heuristic import pgtune  # noqa: E402
 from optimizer.knobs import Config, Knob  # noqa: E402
+from optimizer.settings import DescentSettings  # noqa: E402
 from optimizer.verdict import RUN_SD, Run, compare, judge, run_stat  # noqa: E402
 from tests.optimizer.recorded import (  # noqa: E402
     RECORDINGS,
@@ -64,6 +65,7 @@ from tests.optimizer.sim import (  # noqa: E402
     Noise,
     Surface,
     TxBench,
+    descent,
     flat_surface,
     naive_descent,
     random_search,
@@ -86,7 +88,7 @@ def session_verdicts(
     """(true gain of the candidate, kept?, runs spent on it) for every verdict of many sessions."""
     out = []
     for seed in seeds:
-        opt = CoordinateDescent(surface.space, surface.start, max_trials=budget, **kw)
+        opt = descent(surface.space, surface.start, max_trials=budget, **kw)
         bench = Bench(noise, seed)
         spent = 0
         true_gain = math.nan
@@ -160,7 +162,7 @@ def aa_sessions(noise: Noise, n: int, budget: int = 30) -> dict[str, Any]:
     busy = 0.0
     for seed in range(n):
         bench = Bench(noise, 5000 + seed)
-        opt = CoordinateDescent(s.space, s.start, max_trials=budget, seed=seed)
+        opt = CoordinateDescent(s.space, s.start, DescentSettings(max_trials=budget, seed=seed))
         while (cand := opt.suggest()) is not None:
             opt.register(cand, bench.measure(s.true(cand.config)))
         changed += opt.incumbent != opt.baseline
@@ -275,7 +277,7 @@ def _drift(runs: list[Recorded], level: str) -> dict[str, float]:
     return out
 
 
-def recorded_transactions() -> dict[str, Any]:
+def recorded_transactions(max_runs: int = 3) -> dict[str, Any]:
     """The verdict on real runs (bench/record_long.py): per transaction vs per second."""
     out: dict[str, Any] = {}
     for name, path in RECORDINGS.items():
@@ -288,8 +290,8 @@ def recorded_transactions() -> dict[str, Any]:
             "host_loadavg_1m": [round(min(r.loadavg for r in runs), 1),
                                 round(max(r.loadavg for r in runs), 1)],
             "between_run_sd_pct": {lv: _drift(runs, lv) for lv in ("tx", "sec")},
-            "per_transaction": keep_rates(runs, "tx"),
-            "per_second": keep_rates(runs, "sec"),
+            "per_transaction": keep_rates(runs, "tx", max_runs),
+            "per_second": keep_rates(runs, "sec", max_runs),
             "adjacent_runs": {"per_transaction": adjacent_rates(runs, "tx"),
                               "per_second": adjacent_rates(runs, "sec"),
                               "per_transaction_paired": adjacent_rates(runs, "tx", paired=True)},
@@ -301,13 +303,13 @@ def recorded_transactions() -> dict[str, Any]:
     return out
 
 
-def transactions(reps: int) -> dict[str, Any]:
+def transactions(reps: int, max_runs: int = 3) -> dict[str, Any]:
     noise = Noise(seconds=40)
     out: dict[str, Any] = {"runs": "40 s, 2 clients, 0.5-3 s queries, 3 runs per side"}
     for gain in (0.0, 0.2, 0.3):
         tx, sec = _tx_design(gain, reps, int(gain * 100) + 1, noise)
         out[f"gain_{round(gain * 100)}pct_kept"] = {"per_transaction": tx, "per_second": sec}
-    out["recorded"] = recorded_transactions()
+    out["recorded"] = recorded_transactions(max_runs)
     return out
 
 
@@ -363,20 +365,20 @@ Result = tuple[Config, float | None]  # final config, gain over the start it cla
 
 
 def _methods(s: Surface, noise: Noise, with_tpe: bool) -> dict[str, Callable[[int], Result]]:
-    def descent(seed: int, start: Config | None = None, **kw: Any) -> Result:
-        opt = CoordinateDescent(s.space, start or s.start, max_trials=BUDGET, **kw)
+    def walk(seed: int, start: Config | None = None, **kw: Any) -> Result:
+        opt = descent(s.space, start or s.start, max_trials=BUDGET, **kw)
         bench = Bench(noise, seed)
         while (cand := opt.suggest()) is not None:
             opt.register(cand, bench.measure(s.true(cand.config)))
         return opt.incumbent, opt.best_gain
 
     methods: dict[str, Callable[[int], Result]] = {
-        "descent": descent,
-        "descent_x2_steps_only": lambda seed: descent(seed, coarse=0),
-        "descent_no_skip_no_look_ahead": lambda seed: descent(
+        "descent": walk,
+        "descent_x2_steps_only": lambda seed: walk(seed, coarse=0),
+        "descent_no_skip_no_look_ahead": lambda seed: walk(
             seed, look_ahead=0, max_skips=0, coarse=0
         ),
-        "descent_with_pgtune_hints": lambda seed: descent(seed, hints=pgtune(s.hardware, s.hints)),
+        "descent_with_pgtune_hints": lambda seed: walk(seed, hints=pgtune(s.hardware, s.hints)),
         "naive_one_pass": lambda seed: (
             naive_descent(s, Bench(noise, seed), max_trials=BUDGET)[0],
             None,
@@ -384,7 +386,7 @@ def _methods(s: Surface, noise: Noise, with_tpe: bool) -> dict[str, Callable[[in
         "random": lambda seed: random_search(
             s, Bench(noise, seed), np.random.default_rng(seed), max_trials=BUDGET
         ),
-        "descent_from_pgtune": lambda seed: descent(seed, start=pgtune_start(s)),
+        "descent_from_pgtune": lambda seed: walk(seed, start=pgtune_start(s)),
     }
     if with_tpe:
         methods["optuna_tpe"] = lambda seed: tpe(s, Bench(noise, seed), seed)
@@ -421,21 +423,29 @@ def search(seeds: int, noise: Noise, with_tpe: bool) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    ap.add_argument(
+        "--quick", action="store_true", help="few repetitions: a check that it runs, no figures"
+    )
     ap.add_argument("--no-tpe", action="store_true", help="skip Optuna TPE")
     ap.add_argument(
         "--recorded", action="store_true", help="only the verdict on recorded long-query runs"
     )
+    ap.add_argument(
+        "--max-runs",
+        type=int,
+        default=3,
+        help="recorded runs per side in the verdict's combinations (fewer: quicker, coarser)",
+    )
     args = ap.parse_args()
     t0 = time.monotonic()
     if args.recorded:
-        doc = {"recorded": recorded_transactions()}
+        doc = {"recorded": recorded_transactions(args.max_runs)}
         doc["runtime_s"] = round(time.monotonic() - t0, 1)
         print(json.dumps(doc, indent=2))
         return
     noise = Noise()
-    reps = 20 if args.quick else 200
-    seeds = 5 if args.quick else 20
+    reps = 6 if args.quick else 200
+    seeds = 2 if args.quick else 20
 
     flat = flat_surface()
     aa = session_verdicts(flat, range(reps), noise)
@@ -447,7 +457,7 @@ def main() -> None:
     p5 = [k for g, k, _ in v5 if abs(g - 0.05) < 1e-6]
     harsh = Noise(drift_sd=0.08, ar=0.5)
     aa_harsh = session_verdicts(flat, range(reps), harsh)
-    n_rule = 2000 if not args.quick else 200
+    n_rule = 2000 if not args.quick else 40
     doc: dict[str, Any] = {
         "noise": {
             "per_second_cv": noise.cv,
@@ -487,14 +497,14 @@ def main() -> None:
             "surfaces": search(seeds, noise, with_tpe=not args.no_tpe),
         },
     }
-    n_sessions = 40 if args.quick else 200
+    n_sessions = 8 if args.quick else 200
     doc["neighbour"] = {
         "note": "whole sessions (30 runs of 60 s) where no knob can matter: the share that "
         "recommend a change, and the median |claimed gain| (the true gain is 0)",
         "without_neighbour": aa_sessions(Noise(), n_sessions),
         "with_neighbour": aa_sessions(NEIGHBOUR, n_sessions),
     }
-    doc["transactions"] = transactions(50 if args.quick else 400)
+    doc["transactions"] = transactions(10, max_runs=1) if args.quick else transactions(400)
     doc["runtime_s"] = round(time.monotonic() - t0, 1)
     print(json.dumps(doc, indent=2))
 

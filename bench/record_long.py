@@ -39,6 +39,10 @@ from typing import Any
 
 import psycopg
 
+# `python bench/record_long.py` puts bench/ first on sys.path, where bench/optimizer.py
+# would shadow the optimizer package: the repository comes first.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from app.postgres.pgbench import BenchResult, BenchSpec, init_data, run_bench
 from app.postgres.sandbox import Sandbox
 from optimizer.evidence import StreamStat, run_level, summarize_stream
@@ -181,7 +185,9 @@ def probe(sb: Sandbox, candidates: list[str], seconds: int) -> None:
     a = ";".join(f"{k}={v}" for k, v in CONFIGS["A"].items())
     for wm in [a, *candidates, a]:
         _set(sb, {**CONFIGS["A"], **_settings(wm)})
-        _run(sb, BenchSpec(**{**spec.__dict__, "duration_s": 10, "warmup_s": 0}), names)
+        _run(
+            sb, BenchSpec(**{**spec.__dict__, "duration_s": min(10, seconds), "warmup_s": 0}), names
+        )
         _, rec = _run(sb, spec, names)
         st = _stream(rec)
         level = run_level((st,), "throughput").centre
@@ -199,7 +205,7 @@ def record_long(sb: Sandbox, runs: int, seconds: int) -> dict[str, Any]:
     # one short run each to warm the cache and print the effect
     for cfg in ("A", "B"):
         _set(sb, CONFIGS[cfg])
-        warm = BenchSpec(**{**spec.__dict__, "duration_s": 10, "warmup_s": 0})
+        warm = BenchSpec(**{**spec.__dict__, "duration_s": min(10, seconds), "warmup_s": 0})
         _, rec = _run(sb, warm, names)
         by = {
             n: [x for x, lab in zip(rec["latency_ms"], rec["labels"], strict=True) if lab == n]
@@ -303,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     tag = f"-{args.tag}" if args.tag else ""
     CONFIGS["B"] = _settings(args.b)
     nice = os.nice(0)  # the niceness the server and pgbench inherit
+    args.out.mkdir(parents=True, exist_ok=True)
     with Sandbox.create(settings=BASE) as sb:
         if args.probe:
             probe(sb, args.probe.split(","), args.seconds)

@@ -1,7 +1,7 @@
 """Client sweep on this machine: where throughput stops rising with concurrency.
 
 For each workload (tpcb-like and select-only, as in the reference studies), on one fresh
-sandbox cluster (small scale): app.sweep.measure, the same code the service runs, with
+sandbox cluster (small scale): app.sweeps.measure.measure, the same code the service runs, with
 every count measured ``--repeats`` times in up-down order, then ``pgbench -C`` at the
 knee. Prints each count's level (95% interval from the moderated run-to-run spread), p99
 latency and host CPU, the knee, the advice and the wall time; saves the raw runs and the
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from app.chart import render_sweep_svg  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.schemas import SweepIn  # noqa: E402
-from app.sweep import measure  # noqa: E402
+from app.sweeps.measure import measure  # noqa: E402
 
 
 def show(name: str, res: dict[str, Any]) -> None:
