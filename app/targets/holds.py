@@ -40,33 +40,26 @@ class Holder:
         return f"{self.kind} {self.id}" if self.kind != "apply" else f"an apply (#{self.id})"
 
 
+# The jobs that hold a target, in the order holder() and holders() rank them.
+_JOBS: tuple[tuple[HolderKind, Any], ...] = (
+    ("session", TuningSession),
+    ("sweep", Sweep),
+    ("capture", Capture),
+)
+
+
 def holder(s: Session, target_id: int) -> Holder | None:
     """What holds the target now: its active session, else its active sweep, else its
     active capture, else an apply in progress, else None."""
-    sid = s.scalar(
-        select(TuningSession.id)
-        .where(TuningSession.target_id == target_id, TuningSession.status.in_(ACTIVE_STATUSES))
-        .order_by(TuningSession.id)
-        .limit(1)
-    )
-    if sid is not None:
-        return Holder("session", sid)
-    wid = s.scalar(
-        select(Sweep.id)
-        .where(Sweep.target_id == target_id, Sweep.status.in_(ACTIVE_STATUSES))
-        .order_by(Sweep.id)
-        .limit(1)
-    )
-    if wid is not None:
-        return Holder("sweep", wid)
-    cid = s.scalar(
-        select(Capture.id)
-        .where(Capture.target_id == target_id, Capture.status.in_(ACTIVE_STATUSES))
-        .order_by(Capture.id)
-        .limit(1)
-    )
-    if cid is not None:
-        return Holder("capture", cid)
+    for kind, model in _JOBS:
+        row_id = s.scalar(
+            select(model.id)
+            .where(model.target_id == target_id, model.status.in_(ACTIVE_STATUSES))
+            .order_by(model.id)
+            .limit(1)
+        )
+        if row_id is not None:
+            return Holder(kind, row_id)
     aid = s.scalar(
         select(Apply.id)
         .where(
@@ -82,17 +75,14 @@ def holder(s: Session, target_id: int) -> Holder | None:
 def holders(s: Session) -> dict[int, Holder]:
     """Every held target and its holder, in one narrow query (lists, dashboard, shutdown)."""
     q: Any = union_all(
-        select(Sweep.target_id, Sweep.id, literal("sweep")).where(
-            Sweep.status.in_(ACTIVE_STATUSES)
-        ),
-        select(TuningSession.target_id, TuningSession.id, literal("session")).where(
-            TuningSession.status.in_(ACTIVE_STATUSES)
-        ),
-        select(Capture.target_id, Capture.id, literal("capture")).where(
-            Capture.status.in_(ACTIVE_STATUSES), Capture.target_id.is_not(None)
-        ),
+        *(
+            select(model.target_id, model.id, literal(kind)).where(
+                model.status.in_(ACTIVE_STATUSES), model.target_id.is_not(None)
+            )
+            for kind, model in _JOBS
+        )
     )
-    rank = {"session": 0, "sweep": 1, "capture": 2}  # as in holder()
+    rank = {kind: i for i, (kind, _) in enumerate(_JOBS)}  # as in holder()
     out: dict[int, Holder] = {}
     for tid, row_id, kind in s.execute(q).all():
         known = out.get(tid)
