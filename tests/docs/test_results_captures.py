@@ -35,7 +35,7 @@ def _overhead(name: str, out: str, tmp: Path) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_results_capture_overhead(tmp_path: Path) -> None:
-    doc = _overhead("results-capture-overhead", "capture-overhead.json", tmp_path)
+    doc = _overhead("results-capture-overhead", "bench/results/capture-overhead.json", tmp_path)
     assert doc["profile"] is None
 
 
@@ -43,7 +43,9 @@ def test_results_capture_overhead(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_results_capture_overhead_on_a_capped_disk(tmp_path: Path) -> None:
-    doc = _overhead("results-capture-overhead-small", "capture-overhead-small.json", tmp_path)
+    doc = _overhead(
+        "results-capture-overhead-small", "bench/results/capture-overhead-small.json", tmp_path
+    )
     assert doc["profile"]["name"] == "small"
 
 
@@ -51,7 +53,7 @@ def test_results_capture_overhead_on_a_capped_disk(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 def test_results_replay_fidelity(tmp_path: Path) -> None:
     res = run(small(command("results-replay-fidelity"), tmp_path, small=None), timeout=500)
-    doc = json.loads((tmp_path / "replay-fidelity.json").read_text())
+    doc = json.loads((tmp_path / "bench/results/replay-fidelity-4clients.json").read_text())
     explain = doc["report_query"]["explain"]
     assert explain["spills_at_4MB"], explain
     assert explain["fits_at_64MB"], explain
