@@ -48,12 +48,24 @@ def main() -> int:
     p.add_argument("--disk-iops", type=int)
     p.add_argument("--disk-mbps", type=int)
     p.add_argument("--cpus", type=int)
-    p.add_argument("--minutes", type=int, default=10, help="one-minute runs per config")
+    p.add_argument("--minutes", type=int, default=10, help="runs per config (default 10)")
     p.add_argument("--configs", help='JSON {"label": {knob: value}}; default: default, pgtune')
+    p.add_argument("--run-s", type=int, default=60, help="seconds per run (default 60)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "steady.json"))
+    p.add_argument(
+        "--small",
+        action="store_true",
+        help="scale 1, 2 clients, one 3 s run per config: a check that the command runs "
+        "(tests/docs), not a measurement",
+    )
     args = p.parse_args()
     name = args.workloads
     spec = {**WORKLOADS[name], "name": name}
+    if args.small:
+        wl = {**spec["workload"], "scale": 1}
+        wl.update({k: v for k, v in (("clients", 2), ("jobs", 1)) if k in wl})
+        spec["workload"] = wl
+        args.minutes, args.run_s = 1, 3
     given = {
         k: v
         for k, v in (
@@ -81,7 +93,7 @@ def main() -> int:
         ctl = TargetController.for_sandbox(sb)
         names = sorted({k for c in configs.values() for k in c})
         snapshot = ctl.snapshot(names)
-        executor = TrialExecutor(ctl, sb.dsn, _workload(spec), duration_s=60, warmup_s=0)
+        executor = TrialExecutor(ctl, sb.dsn, _workload(spec), duration_s=args.run_s, warmup_s=0)
         try:
             n = 0
             for label, config in configs.items():

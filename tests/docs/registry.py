@@ -72,6 +72,10 @@ COMMANDS: dict[str, str] = {
     "results-chbench-ch1": _E2E.format("tpch"),
     "results-e2e": _E2E.format("oltp"),
     "results-tpcb-b1-small": _E2E.format("oltp"),
+    "results-tpcb-d1-disk": _E2E.format("oltp"),
+    "results-tpcb-d1-steady": (
+        "tests/docs/test_results_e2e_oltp.py::test_the_steady_state_command_runs"
+    ),
     "results-sweep": f"{_RESULTS}::test_results_sweep",
     "results-long-queries": f"{_RESULTS}::test_results_long_queries",
     "results-search-quality": f"{_QUALITY}::test_results_search_quality",

@@ -1,16 +1,19 @@
-"""bench/e2e.py as the 2026-11-21 end-to-end page (W1, W2) and the TPC-B-on-a-small-server
-page (B1 on profile small) show it, run small (tests/docs/results_cmds.py).
+"""bench/e2e.py as the 2026-11-21 end-to-end page (W1, W2), the TPC-B-on-a-small-server
+page (B1 on profile small) and the slow-disk page (D1) show it, run small
+(tests/docs/results_cmds.py).
 
 One module per page group: the suite hands out whole modules to its workers."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from app.postgres.cgroups import CGROUP_ROOT
-from tests.docs.results_cmds import run_e2e
+from tests.docs.blocks import command
+from tests.docs.results_cmds import run, run_e2e, small
 from tests.helpers import needs_cgroups
 
 
@@ -25,6 +28,14 @@ from tests.helpers import needs_cgroups
         pytest.param(
             "results-tpcb-b1-small",
             "bench/results/e2e-B1-small-1800.json",
+            {},
+            marks=needs_cgroups,
+        ),
+        # the profile's memory and CPUs replaced (--memory, --cpus): what the server and
+        # PGTune were sized for
+        pytest.param(
+            "results-tpcb-d1-disk",
+            "bench/results/e2e-D1-disk-1800.json",
             {},
             marks=needs_cgroups,
         ),
@@ -48,3 +59,19 @@ def test_the_page_command_runs(
         limits = result["profile"]["limits"]
         assert result["session"]["target"]["ram_bytes"] == limits["memory_bytes"]
         assert result["pgtune_hardware"]["ram_bytes"] == limits["memory_bytes"]
+
+
+@needs_cgroups
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_steady_state_command_runs(tmp_path: Path) -> None:
+    """bench/steady_state.py as the D1 page shows it, small: both configs ran on end in the
+    profile's cgroup, sized for the memory given."""
+    run(small(command("results-tpcb-d1-steady"), tmp_path, small=None), timeout=500)
+    doc = json.loads((tmp_path / "bench/results/steady-D1.json").read_text())
+    assert set(doc["runs"]) == {"default", "pgtune"}
+    for rows in doc["runs"].values():
+        assert len(rows) == 1
+        assert rows[0]["median_tps"] > 0, rows
+    assert doc["profile"]["limits"]["memory_bytes"] == 2 * 1024**3
+    assert doc["configs"]["pgtune"]["shared_buffers"] == "512MB"
