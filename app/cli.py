@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -121,36 +122,66 @@ def follow(api: Api, session_id: int) -> dict[str, Any]:
     On a terminal: a live table with a progress bar. Otherwise (logs, pipes): one
     line per finished trial, so the output reads well after the fact.
     """
-    from rich.console import Console
+    # the handler first: a Ctrl-C right after "session N" appeared must cancel it too
+    with _CancelOnInterrupt(
+        api,
+        f"/api/v1/sessions/{session_id}/cancel",
+        "interrupted: cancelling; the target is being restored...",
+        functools.partial(print, file=sys.stderr),
+    ) as interrupt:
+        from rich.console import Console
 
-    console = Console(stderr=True)
-    view = _LiveView(console) if console.is_terminal else _LineView(console)
-    interrupted = False
-
-    def on_sigint(_sig: int, _frame: Any) -> None:
-        nonlocal interrupted
-        interrupted = True
-
-    # SIGTERM (timeout, systemd, kill) gets the same clean cancel as Ctrl-C.
-    old = {sig: signal.signal(sig, on_sigint) for sig in (signal.SIGINT, signal.SIGTERM)}
-    cancel_sent = False
-    try:
+        console = Console(stderr=True)
+        view = _LiveView(console) if console.is_terminal else _LineView(console)
         with view:
             while True:
-                if interrupted and not cancel_sent:
-                    console.print("interrupted: cancelling; the target is being restored...")
-                    with contextlib.suppress(CliError):
-                        api.call("POST", f"/api/v1/sessions/{session_id}/cancel")
-                    cancel_sent = True
+                interrupt.poll()
                 sess = api.call("GET", f"/api/v1/sessions/{session_id}")
                 trials = api.call("GET", f"/api/v1/sessions/{session_id}/trials")
                 view.update(sess, trials)
                 if sess["status"] in ("succeeded", "failed", "cancelled"):
                     return dict(sess)
                 time.sleep(1.0)
-    finally:
-        for sig, handler in old.items():
+
+
+class _CancelOnInterrupt:
+    """While a job is followed, Ctrl-C or SIGTERM (timeout, systemd, kill) cancels it: the
+    cancel is posted until the service takes it, since a busy service may refuse it once
+    (a cancel lost there would leave the job running while the user waits)."""
+
+    def __init__(self, api: Api, cancel_path: str, message: str, say: Any) -> None:
+        self.api, self.cancel_path, self.message, self.say = api, cancel_path, message, say
+        self.interrupted = self.sent = self.announced = self.retrying = False
+        self._old: dict[int, Any] = {}
+
+    def _on_signal(self, _sig: int, _frame: Any) -> None:
+        self.interrupted = True
+
+    def __enter__(self) -> _CancelOnInterrupt:
+        self._old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for sig, handler in self._old.items():
             signal.signal(sig, handler)
+
+    def poll(self) -> None:
+        """Post the cancel if an interrupt came and the service has not taken it yet."""
+        if not self.interrupted or self.sent:
+            return
+        if not self.announced:
+            self.say(self.message)
+            self.announced = True
+        try:
+            self.api.call("POST", self.cancel_path)
+        except CliError as exc:
+            # e.g. the job ended meanwhile (409: the loop sees its status next) or the
+            # service was busy: try again on the next poll
+            if not self.retrying:
+                self.say(f"the cancel was not taken yet ({exc}); trying again")
+                self.retrying = True
+            return
+        self.sent = True
 
 
 def _trial_cells(
@@ -906,21 +937,11 @@ def _follow_job(api: Api, path: str, on_interrupt: str) -> dict[str, Any]:
     """Poll the background job at ``path`` (a capture, a sweep) until it ends, printing its
     phase as it changes; Ctrl-C or SIGTERM post ``path``/cancel once, saying
     ``on_interrupt``, and the loop goes on until the job has ended."""
-    interrupted = False
-
-    def on_sigint(_sig: int, _frame: Any) -> None:
-        nonlocal interrupted
-        interrupted = True
-
-    old = {sig: signal.signal(sig, on_sigint) for sig in (signal.SIGINT, signal.SIGTERM)}
-    sent, last = False, ""
-    try:
+    last = ""
+    say = functools.partial(print, file=sys.stderr)
+    with _CancelOnInterrupt(api, f"{path}/cancel", on_interrupt, say) as interrupt:
         while True:
-            if interrupted and not sent:
-                print(on_interrupt, file=sys.stderr)
-                with contextlib.suppress(CliError):
-                    api.call("POST", f"{path}/cancel")
-                sent = True
+            interrupt.poll()
             job: dict[str, Any] = api.call("GET", path)
             if job["phase"] != last:
                 print(f"  {job['phase']}", file=sys.stderr)
@@ -928,9 +949,6 @@ def _follow_job(api: Api, path: str, on_interrupt: str) -> dict[str, Any]:
             if job["status"] in ("succeeded", "failed", "cancelled"):
                 return job
             time.sleep(1.0)
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 def cmd_captures(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ import subprocess
 from tests.docs.blocks import command
 from tests.helpers import ROOT
 
-DEMO = "bash .ci/bootstrap && .venv/bin/knobtune demo"
+DEMO = "bash .ci/bootstrap && .venv/bin/knobtune demo --out demo"
 TESTS = "bash .ci/bootstrap-tests && .venv/bin/python -m pytest"
 
 

@@ -18,7 +18,8 @@ from tests.helpers import needs_cgroups
 
 
 def _overhead(name: str, out: str, tmp: Path) -> dict[str, Any]:
-    res = run(small(command(name), tmp, small=None), timeout=300)
+    # the page ran 4 rounds: one here
+    res = run(small(command(name), tmp, small=None, rounds="1"), timeout=300)
     doc: dict[str, Any] = json.loads((tmp / out).read_text())
     cells = {(c["workload"], c["clients"]) for c in doc["cells"]}
     assert cells == {("tpcb-like", 2), ("select-only", 2)}
@@ -52,7 +53,16 @@ def test_results_capture_overhead_on_a_capped_disk(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_results_replay_fidelity(tmp_path: Path) -> None:
-    res = run(small(command("results-replay-fidelity"), tmp_path, small=None), timeout=500)
+    # the page's rounds, run length and budget set back to --small's
+    block = small(
+        command("results-replay-fidelity"),
+        tmp_path,
+        small=None,
+        rounds="1",
+        duration="2",
+        budget_s="10",
+    )
+    res = run(block, timeout=500)
     doc = json.loads((tmp_path / "bench/results/replay-fidelity-4clients.json").read_text())
     explain = doc["report_query"]["explain"]
     assert explain["spills_at_4MB"], explain
