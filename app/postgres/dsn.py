@@ -184,6 +184,22 @@ def _loopback(host: str) -> bool:
 _log_scrub_installed = False
 
 
+def _mask_args(record: logging.LogRecord, scrubbed: str) -> bool:
+    """Mask each of a record's arguments in place, keeping their shape (formatters such
+    as uvicorn's access log unpack them); False when that does not give ``scrubbed``."""
+    if not isinstance(record.args, tuple):
+        return False
+    args = tuple(a if isinstance(a, int | float) else scrub_known(str(a)) for a in record.args)
+    msg = scrub_known(str(record.msg))
+    try:
+        same = (msg % args if args else msg) == scrubbed
+    except (TypeError, ValueError):
+        return False
+    if same:
+        record.msg, record.args = msg, args
+    return same
+
+
 def install_log_scrub() -> None:
     """Mask every known password in every log record of this process (idempotent).
 
@@ -204,7 +220,9 @@ def install_log_scrub() -> None:
             message = record.getMessage()
         except Exception:  # a broken format string: leave it to the handler to report
             return record
-        record.msg, record.args = scrub_known(message), None
+        scrubbed = scrub_known(message)
+        if scrubbed != message and not _mask_args(record, scrubbed):
+            record.msg, record.args = scrubbed, None
         if record.exc_info and not record.exc_text:
             record.exc_text = scrub_known(logging.Formatter().formatException(record.exc_info))
         return record
