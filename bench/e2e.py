@@ -193,6 +193,13 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 }
 
 
+def small_workload(wl: dict[str, Any]) -> dict[str, Any]:
+    """A workload at its smallest (--small): scale 1 (TPC-H SF 0.01), 2 clients, 1 job."""
+    small = {**wl, "scale": 0.01 if wl["builtin"] == "tpch" else 1}
+    small.update({k: v for k, v in (("clients", 2), ("jobs", 1)) if k in wl})
+    return small
+
+
 def tune(
     api: httpx.Client, target_id: int, spec: dict[str, Any], args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -596,9 +603,7 @@ def main() -> int:
     args = p.parse_args()
     if args.small:
         for spec in WORKLOADS.values():
-            wl = spec["workload"]
-            wl["scale"] = 0.01 if wl["builtin"] == "tpch" else 1
-            wl.update({k: v for k, v in (("clients", 2), ("jobs", 1)) if k in wl})
+            spec["workload"] = small_workload(spec["workload"])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     load_before = load_average()
     results: dict[str, Any] = {

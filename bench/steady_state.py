@@ -34,7 +34,7 @@ from app.postgres.cgroups import resolve  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
 from app.runs.trial import TrialExecutor  # noqa: E402
 from bench.common import load_average, machine, profile_of  # noqa: E402
-from bench.e2e import WORKLOADS, _workload, make_sandbox  # noqa: E402
+from bench.e2e import WORKLOADS, _workload, make_sandbox, small_workload  # noqa: E402
 from optimizer.catalogue import CATALOGUE, Hardware  # noqa: E402
 from optimizer.descent import Candidate  # noqa: E402
 from optimizer.heuristic import db_type_for, pgtune  # noqa: E402
@@ -62,9 +62,7 @@ def main() -> int:
     name = args.workloads
     spec = {**WORKLOADS[name], "name": name}
     if args.small:
-        wl = {**spec["workload"], "scale": 1}
-        wl.update({k: v for k, v in (("clients", 2), ("jobs", 1)) if k in wl})
-        spec["workload"] = wl
+        spec["workload"] = small_workload(spec["workload"])
         args.minutes, args.run_s = 1, 3
     given = {
         k: v
