@@ -510,6 +510,19 @@ class SessionIn(BaseModel):
         "throughput samples. Query-time objectives and objectives over streams always use "
         "transactions.",
     )
+    search_order: Literal["counters", "catalogue"] = Field(
+        default="counters",
+        description="counters: knobs whose mechanism the baseline's I/O counters show busy "
+        "are tried first, idle ones last, each with a note. catalogue: the knobs' listed "
+        "order (the workload kind's default order when knobs is not given).",
+    )
+    checkpoint_rule: bool = Field(
+        default=True,
+        description="Judge the knobs that act through checkpoints (max_wal_size, "
+        "checkpoint_*, bgwriter_*, ...) only on runs long enough to span a checkpoint "
+        "cycle, else set them aside with the run length they need. false judges them on "
+        "any run, where a short one shows them as no effect: for comparisons only.",
+    )
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
 
     @model_validator(mode="after")

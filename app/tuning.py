@@ -200,6 +200,8 @@ def descent_settings(body: SessionIn, seed: int) -> DescentSettings:
         max_passes=body.max_passes,
         final_runs=body.final_check_runs,
         evidence=body.evidence,
+        order_by_counters=body.search_order == "counters",
+        checkpoint_rule=body.checkpoint_rule,
     )
 
 

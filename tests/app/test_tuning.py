@@ -5,6 +5,7 @@ from __future__ import annotations
 from app.schemas import SessionIn
 from app.tuning import (
     build_space,
+    descent_settings,
     describe,
     hints_for,
     make_optimizer,
@@ -92,3 +93,14 @@ def test_a_heuristic_start_says_which_of_the_servers_values_it_replaces() -> Non
     built = session_optimizer(body, stored, 1, can_restart=True)
     (note,) = [n for n in built.notes if n.startswith("start: heuristic")]
     assert f"work_mem 4MB -> {built.start['work_mem']}" in note
+
+
+def test_the_search_order_and_the_checkpoint_rule_reach_the_descent() -> None:
+    # the defaults: issue 29's search (the counters' order, the checkpoint rule)
+    s = descent_settings(session(), 1)
+    assert s.order_by_counters
+    assert s.checkpoint_rule
+    # the search as before it, for a before/after (bench/e2e.py --as-before)
+    s = descent_settings(session(search_order="catalogue", checkpoint_rule=False), 1)
+    assert not s.order_by_counters
+    assert not s.checkpoint_rule
