@@ -221,6 +221,10 @@ def tune(
     if spec.get("knobs"):
         body["knobs"] = spec["knobs"]
     body.update(spec.get("request") or {})
+    if getattr(args, "as_before", False):
+        # the search as it was before issue 29: the listed order, checkpoint knobs judged
+        # on any run
+        body.update(search_order="catalogue", checkpoint_rule=False)
     if args.allow_unsafe:
         # durability-unsafe knobs join the set: the session labels them as a trade
         body["allow_unsafe"] = True
@@ -554,9 +558,10 @@ def compare_only(
     }
 
 
-def main() -> int:
+def parser(description: str | None = __doc__) -> argparse.ArgumentParser:
+    """The options of a session and its confirmation (bench/search_order.py takes them too)."""
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--workloads", default="W1,W2")
     p.add_argument("--budget-s", type=float, default=900, help="tuning time budget per workload")
@@ -593,6 +598,12 @@ def main() -> int:
         help="let the session tune these durability-unsafe knobs too (comma-separated, "
         "e.g. synchronous_commit); it labels what it keeps as a durability trade",
     )
+    p.add_argument(
+        "--as-before",
+        action="store_true",
+        help="the session searches as before issue 29 (search_order catalogue, "
+        "checkpoint_rule false): the before of a before/after",
+    )
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "e2e.json"))
     p.add_argument(
         "--small",
@@ -600,11 +611,21 @@ def main() -> int:
         help="each workload at its smallest size (scale 1, TPC-H SF 0.01, 2 clients): a "
         "check that the command runs (tests/docs), not a measurement",
     )
+    return p
+
+
+def parse_args(p: argparse.ArgumentParser) -> argparse.Namespace:
+    """The arguments; with --small, every workload shrunk to its smallest."""
     args = p.parse_args()
     if args.small:
         for spec in WORKLOADS.values():
             spec["workload"] = small_workload(spec["workload"])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def main() -> int:
+    args = parse_args(parser())
     load_before = load_average()
     results: dict[str, Any] = {
         "machine": machine(),
