@@ -11,13 +11,14 @@ session, the session's trial executor for every measured run, bench/common.py fo
 interleaving and the paired statistics):
 
 1. **Production**, P: a sandbox with the logging collector and pg_stat_statements (what
-   a capture needs), database ``shop`` owned by the benchmark role (the application's).
-   Its known mix, through pgbench, both streams at once: TPC-C (app/workloads/tpcc.py,
-   ``--warehouses``, ``--clients``) and a reporting stream (``--report-clients``) whose
-   query sorts one warehouse's order lines by a wide column: it spills to disk at
-   work_mem 4MB and sorts in memory at 64MB (checked with EXPLAIN ANALYZE on the loaded
-   data, recorded in the output). The mix's objective is throughput (a session on it
-   would tune that): the geometric mean of both streams' levels.
+   a capture needs), database ``shop`` owned by the benchmark role (the application's),
+   on a slow disk (``--disk-iops``, a cgroup: a network disk's millisecond fsyncs; the
+   replay's server R gets the same cap). Its known mix, through pgbench, both streams at
+   once: TPC-C (app/workloads/tpcc.py, ``--warehouses``, ``--clients``) and a reporting
+   stream (``--report-clients``) whose query sorts one warehouse's order lines by a wide
+   column (it spills to disk at work_mem 4MB and sorts in memory at 64MB: EXPLAIN ANALYZE
+   on the loaded data, recorded in the output). The mix's objective is throughput (a
+   session on it would tune that): the geometric mean of both streams' levels.
 2. **The starting data.** P's data back at its loaded state (TPC-C's reset), then
    ``pg_dump -Fc`` of ``shop`` and ``pg_restore --create --no-owner`` into a second
    sandbox R (staging), as docs/captures.md says, then ANALYZE (a restore carries no
@@ -30,7 +31,11 @@ interleaving and the paired statistics):
    workload does) and the REPLAY (R, the Replay workload on the capture: a fresh copy of
    ``shop`` before every run):
 
-   * the known effect: work_mem 4MB against 64MB;
+   * the known effect: synchronous_commit on against off. On a disk whose fsync takes
+     milliseconds every TPC-C commit waits for its WAL flush, and off stops the wait
+     (issue 29 measured +75% on TPC-B at 1,000 IOPS). The first run's known effect,
+     work_mem on the reporting sort, was not there on the original (a spill to the page
+     cache costs little: docs/results/replay-fidelity.md);
    * a no-op: vacuum_cost_delay 0 against 2ms. Only VACUUM and ANALYZE run by hand read
      it (autovacuum has its own autovacuum_vacuum_cost_delay, 2ms by default): neither
      measured window holds one (TPC-C's reset vacuums before its run starts, and the
@@ -40,16 +45,21 @@ interleaving and the paired statistics):
    Per pair and side: the change in the reporting query's mean latency (the original's
    "report" transactions, the replay's label of that query) and in the mix's level
    (the original: its objective, throughput, and latency_mean beside it; the replay:
-   latency_mean, its objective), each with a 95% interval and p-value (paired t on the
+   latency_mean and statements a second, ``--replay-objective`` the one compared and the
+   session's objective: latency_mean at the captured pace, rate (the session's
+   throughput) with ``--speed 4``, faster
+   than the server can go, so that every session runs back to back as pgbench's clients
+   do), each with a 95% interval and p-value (paired t on the
    rounds' log ratios). Printed: whether the replay's change has the original's sign and
    lies inside its interval (levels in different units are compared as log ratios of
    levels: by Little's law a closed loop's throughput moves as the inverse of its mean
    latency), and whether the no-op's intervals hold 0 on both sides.
 5. **Tune from the capture, confirm on the original.** A session on R with the replay as
-   its workload (``--budget-s``, the analytic and memory knobs: work_mem,
-   hash_mem_multiplier, shared_buffers, random_page_cost, effective_io_concurrency,
-   max_wal_size; R's own restart method is handed to the service for shared_buffers),
-   then, when it changed anything, its best config against the default on P's original
+   its workload (``--budget-s``; memory, planner and WAL knobs: work_mem, shared_buffers,
+   random_page_cost, wal_buffers, commit_delay, max_wal_size, R's own restart method
+   handed to the service for those that need one; and synchronous_commit as a durability
+   trade, ``allow_unsafe``, labelled so), then,
+   when it changed anything, its best config against the default on P's original
    mix, interleaved, each run after a discarded warm-up run (a restart empties
    shared_buffers).
 6. **Output** (``--out``, JSON): every run (levels, per-label latencies, failed
@@ -87,6 +97,7 @@ sys.path.insert(0, str(ROOT))
 from app.captures.logparse import label_text  # noqa: E402
 from app.evidence import bench_spec  # noqa: E402
 from app.postgres.binaries import find_bindir  # noqa: E402
+from app.postgres.cgroups import Limits  # noqa: E402
 from app.postgres.dsn import libpq_env, scrub  # noqa: E402
 from app.postgres.pgbench import run_streams  # noqa: E402
 from app.postgres.sandbox import Sandbox, as_postgres  # noqa: E402
@@ -120,20 +131,43 @@ REPORT_SELECT = (
 )
 REPORT_SCRIPT = "\\set w random(1, :warehouses)\n" + REPORT_SELECT.format(w=":w") + ";\n"
 REPORT_LABEL = label_text(REPORT_SELECT.format(w=1))  # the replay's label of that query
+# The session's knobs: memory, planner and WAL, and synchronous_commit as a durability trade
+# (the session is given allow_unsafe for it, and labels it so).
 KNOBS = [
     "work_mem",
-    "hash_mem_multiplier",
     "shared_buffers",
     "random_page_cost",
-    "effective_io_concurrency",
+    "wal_buffers",
+    "commit_delay",
     "max_wal_size",
 ]
+UNSAFE = "synchronous_commit"
+# The known effect: on a disk whose fsync takes milliseconds, TPC-C's commits wait for the
+# WAL flush; synchronous_commit=off stops that wait (issue 29's D1 measured +75% on TPC-B).
+# The first experiment's known effect, work_mem on the reporting sort, was not there on
+# the original (docs/results/replay-fidelity.md): a spill to the page cache costs little.
 PAIRS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
-    "work_mem": ({"work_mem": "4MB"}, {"work_mem": "64MB"}),
+    "synchronous_commit": ({"synchronous_commit": "on"}, {"synchronous_commit": "off"}),
     "no-op": ({"vacuum_cost_delay": "0"}, {"vacuum_cost_delay": "2ms"}),
 }
-ORIGINAL_KINDS = ("throughput", "latency_mean")  # the mix's objective first
-REPLAY_KINDS = ("latency_mean",)
+ORIGINAL_KINDS = ("throughput", "latency_mean", "rate")  # the mix's objective first
+# Both levels of every replay run. At the captured pace (speed 1) a replay's throughput is
+# the capture's, and latency_mean is what a config changes. Faster than any config can go
+# (--speed 4) every session runs its statements back to back, a closed loop as pgbench's,
+# and statements a second is what a config changes (--replay-objective rate).
+# "rate": the first stream's per-second samples after the warm-up, averaged (what a session
+# judges a one-stream workload's throughput on): the replay's statements a second, and on
+# the original TPC-C's transactions a second, which move as its statements do (the mix of
+# transactions is fixed). The original's objective, "throughput", is the geometric mean of
+# both streams' levels, the reporting stream's included.
+REPLAY_KINDS = ("latency_mean", "rate")
+
+
+def objective_kind(kind: str) -> str:
+    """The session objective a level is measured as."""
+    return "throughput" if kind == "rate" else kind
+
+
 FULL: dict[str, Any] = {
     "minutes": 3.0,
     "rounds": 4,
@@ -146,6 +180,7 @@ FULL: dict[str, Any] = {
     "warehouses": 2,
     "clients": 4,
     "report_clients": 1,
+    "disk_iops": 300,
 }
 SMALL: dict[str, Any] = {
     "minutes": 10 / 60,  # a capture's shortest
@@ -159,6 +194,7 @@ SMALL: dict[str, Any] = {
     "warehouses": 1,
     "clients": 2,
     "report_clients": 1,
+    "disk_iops": 300,
 }
 
 
@@ -312,9 +348,12 @@ def capture(
 
 
 # -- runs and their figures ------------------------------------------------------------------
-def level_of(streams: tuple[StreamStat, ...], kind: str) -> float | None:
-    """The run's level in its units: tps for throughput, ms for latency_mean (None: a
-    designed label never finished)."""
+def level_of(out: TrialOutcome, streams: tuple[StreamStat, ...], kind: str) -> float | None:
+    """The run's level in its units: tps for throughput, a second for rate, ms for
+    latency_mean (None: a designed label never finished)."""
+    if kind == "rate":
+        samples = out.result.samples if out.result is not None else []
+        return sum(samples) / len(samples) if samples else None
     centre = run_level(streams, kind).centre
     if centre <= FLOOR:
         return None
@@ -342,7 +381,7 @@ def recorder(
     def record(rnd: int, label: str, out: TrialOutcome) -> None:
         done = measured(out, f"{side} run of {label}")
         ms, n = label_ms(done, *report)
-        levels = {kind: level_of(done, kind) for kind in kinds}
+        levels = {kind: level_of(out, done, kind) for kind in kinds}
         run: dict[str, Any] = {
             "pair": pair,
             "round": rnd + 1,
@@ -384,7 +423,7 @@ def estimates(runs: list[dict[str, Any]], a: str, b: str, kinds: tuple[str, ...]
 
     def better(run: dict[str, Any], kind: str) -> float | None:
         v = run["levels"][kind]
-        return None if v is None else (v if kind == "throughput" else 1.0 / v)
+        return None if v is None else (1.0 / v if kind == "latency_mean" else v)
 
     return {
         "report_latency_change": paired_gain(
@@ -394,7 +433,7 @@ def estimates(runs: list[dict[str, Any]], a: str, b: str, kinds: tuple[str, ...]
             kind: paired_gain(
                 [better(x[b], kind) for x in rounds],
                 [better(x[a], kind) for x in rounds],
-                lower_is_better=Objective(kind=kind).lower_is_better,  # type: ignore[arg-type]
+                lower_is_better=kind == "latency_mean",
             )
             for kind in kinds
         },
@@ -428,7 +467,7 @@ def as_log(est: dict[str, Any], kind: str) -> dict[str, Any]:
     """A level's gain and interval as log ratios of levels (comparable across units)."""
     if est["gain"] is None:
         return est
-    obj = Objective(kind=kind)  # type: ignore[arg-type]
+    obj = Objective(kind=objective_kind(kind))  # type: ignore[arg-type]
     return {
         **est,
         "gain": obj.log_ratio(est["gain"]),
@@ -452,7 +491,8 @@ def holds_zero(est: dict[str, Any]) -> bool | None:
     return None if est["ci95"] is None else est["ci95"][0] <= 0 <= est["ci95"][1]
 
 
-def checks(original: dict[str, Any], replay: dict[str, Any]) -> dict[str, Any]:
+def checks(original: dict[str, Any], replay: dict[str, Any], objective: str) -> dict[str, Any]:
+    """``objective``: the replay's level compared with the original's throughput."""
     out: dict[str, Any] = {}
     for pair in PAIRS:
         o, r = original["pairs"][pair], replay["pairs"][pair]
@@ -461,11 +501,13 @@ def checks(original: dict[str, Any], replay: dict[str, Any]) -> dict[str, Any]:
             # the original's objective against the replay's, as log ratios of levels
             "level": agreement(
                 as_log(o["level"]["throughput"], "throughput"),
-                as_log(r["level"]["latency_mean"], "latency_mean"),
+                as_log(r["level"][objective], objective),
             ),
             "level_like_for_like": agreement(
                 o["level"]["latency_mean"], r["level"]["latency_mean"]
             ),
+            # TPC-C's transactions a second against the replay's statements a second
+            "rate_like_for_like": agreement(o["level"]["rate"], r["level"]["rate"]),
         }
     noop_o, noop_r = original["pairs"]["no-op"], replay["pairs"]["no-op"]
     out["no-op"]["holds_zero"] = {
@@ -498,6 +540,7 @@ def report_lines(doc: dict[str, Any]) -> list[str]:
     )
     lines.append(f"capture {cap['id']}: {cap['summary_text'].splitlines()[0]}")
     fid, chk = doc["fidelity"], doc["checks"]
+    objective = doc["args"]["replay_objective"]
     for pair in PAIRS:
         o, r, c = fid["original"]["pairs"][pair], fid["replay"]["pairs"][pair], chk[pair]
         lines.append(f"{pair}: {o['a']} -> {o['b']}")
@@ -511,13 +554,21 @@ def report_lines(doc: dict[str, Any]) -> list[str]:
         )
         lines.append(
             f"  the mix's level: original (throughput) {shown(o['level']['throughput'])}; "
-            f"replay (latency_mean, time saved) {shown(r['level']['latency_mean'])}"
+            f"replay: latency_mean (time saved) {shown(r['level']['latency_mean'])}, "
+            f"statements a second {shown(r['level']['rate'])}; compared: "
+            f"{objective}"
         )
         lines.append(
             f"    same sign: {_yes(c['level']['same_sign'])}; inside, as log ratios: "
             f"{_yes(c['level']['inside_original_ci95'])}; original's latency_mean "
             f"{shown(o['level']['latency_mean'])}: inside "
             f"{_yes(c['level_like_for_like']['inside_original_ci95'])}"
+        )
+        lines.append(
+            f"  rates: original TPC-C transactions a second {shown(o['level']['rate'])}; "
+            f"replay statements a second {shown(r['level']['rate'])}; same sign: "
+            f"{_yes(c['rate_like_for_like']['same_sign'])}; inside: "
+            f"{_yes(c['rate_like_for_like']['inside_original_ci95'])}"
         )
     zero = chk["no-op"]["holds_zero"]
     lines.append(
@@ -558,10 +609,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shutil.chown(workdir, "postgres")
     service_dir = tempfile.TemporaryDirectory(prefix="knobtune-fidelity-svc-")
     mix = Production(Tpcc(warehouses=args.warehouses, clients=args.clients), args.report_clients)
-    doc: dict[str, Any] = {}
+    # both servers on the same slow disk: the capture's and the replay's
+    disk = Limits(disk_iops=args.disk_iops) if args.disk_iops else None
+    doc: dict[str, Any] = {"disk_iops": args.disk_iops}
     with (
-        logging_sandbox(pgss=True, database=DATABASE) as prod,
-        Sandbox.create(settings=PGSS) as staging,
+        logging_sandbox(pgss=True, database=DATABASE, limits=disk) as prod,
+        Sandbox.create(settings=PGSS, limits=disk) as staging,
         service_dir,
         dumps,
     ):
@@ -653,7 +706,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             lap("fidelity_replay_s")
             doc["fidelity"] = fidelity
-            doc["checks"] = checks(fidelity["original"], fidelity["replay"])
+            doc["checks"] = checks(fidelity["original"], fidelity["replay"], args.replay_objective)
 
             print(f"session on the replay: budget {args.budget_s:g} s", file=sys.stderr)
             spec = {
@@ -665,8 +718,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "replay_database": DATABASE,
                 },
                 "kind": "mixed",
-                "objective": "latency_mean",
-                "knobs": KNOBS,
+                "objective": objective_kind(args.replay_objective),
+                "knobs": args.session_knobs.split(","),
             }
             session_args = argparse.Namespace(
                 duration=args.session_duration,
@@ -674,7 +727,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 budget_s=args.budget_s,
                 start="current",
                 final_check_runs=args.final_check_runs,
-                allow_unsafe=None,
+                allow_unsafe=UNSAFE,
                 out=args.out,
             )
             doc["session"] = tune(api, r_id, spec, session_args)
@@ -754,7 +807,27 @@ def main() -> int:
     p.add_argument("--warehouses", type=int, help="TPC-C's warehouses (default 2)")
     p.add_argument("--clients", type=int, help="TPC-C's clients (default 4)")
     p.add_argument("--report-clients", type=int, help="the reporting stream's (default 1)")
+    p.add_argument(
+        "--disk-iops",
+        type=int,
+        help="both servers' read and write IOPS cap, a cgroup (default 300; 0: none)",
+    )
     p.add_argument("--speed", type=float, default=1.0, help="the replay's speed (default 1)")
+    p.add_argument(
+        "--replay-objective",
+        choices=REPLAY_KINDS,
+        default="latency_mean",
+        help="the replay's level that the checks compare with the original's throughput, "
+        "and the session's objective: latency_mean at the captured pace, rate "
+        "(the session's throughput) when --speed is faster than any config can go "
+        "(default latency_mean)",
+    )
+    p.add_argument(
+        "--session-knobs",
+        default=",".join(KNOBS),
+        help=f"the session's knobs, comma-separated (default {','.join(KNOBS)}; "
+        f"{UNSAFE} is added as a durability trade)",
+    )
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "replay-fidelity.json"))
     p.add_argument(
         "--small",

@@ -16,6 +16,8 @@ from tests.docs.blocks import command
 from tests.docs.results_cmds import run, small
 from tests.helpers import needs_cgroups
 
+SIDES = ("original", "replay")
+
 
 def _overhead(name: str, out: str, tmp: Path) -> dict[str, Any]:
     # the page ran 4 rounds: one here
@@ -50,9 +52,13 @@ def test_results_capture_overhead_on_a_capped_disk(tmp_path: Path) -> None:
     assert doc["profile"]["name"] == "small"
 
 
+@needs_cgroups
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_results_replay_fidelity(tmp_path: Path) -> None:
+    """The fidelity experiment's two commands, small: on a capped disk the known effect
+    (synchronous_commit off) shows on the original and on its replay with the same sign,
+    at the captured pace (latency) and flat out (statements a second)."""
     # the page's rounds, run length and budget set back to --small's
     block = small(
         command("results-replay-fidelity"),
@@ -62,23 +68,41 @@ def test_results_replay_fidelity(tmp_path: Path) -> None:
         duration="2",
         budget_s="10",
     )
-    res = run(block, timeout=500)
-    doc = json.loads((tmp_path / "bench/results/replay-fidelity-4clients.json").read_text())
+    res = run(block, timeout=800)
+    assert "same sign" in res.stdout
+    paced = _fidelity(tmp_path / "bench/results/replay-fidelity-sync-commit.json")
+    # the commit wait gone: the mix gains on the original, and the replay's statements
+    # take less time at the captured pace
+    assert paced["replay"]["level"]["latency_mean"]["gain"] > 0.1, paced["replay"]
+    saturated = _fidelity(tmp_path / "bench/results/replay-fidelity-saturated.json")
+    # flat out, the replay runs more statements a second, as TPC-C runs more transactions
+    assert saturated["original"]["level"]["rate"]["gain"] > 0.1, saturated["original"]
+    assert saturated["replay"]["level"]["rate"]["gain"] > 0.1, saturated["replay"]
+
+
+def _fidelity(out: Path) -> dict[str, Any]:
+    """What every fidelity run's output holds; the known effect's estimates per side."""
+    doc = json.loads(out.read_text())
     explain = doc["report_query"]["explain"]
     assert explain["spills_at_4MB"], explain
     assert explain["fits_at_64MB"], explain
     assert doc["capture"]["summary"]["statements"] > 0
     assert not doc["capture"]["truncated"]
-    for side in ("original", "replay"):
+    for side in SIDES:
         runs = doc["fidelity"][side]["runs"]
-        assert {r["pair"] for r in runs} == {"work_mem", "no-op"}
+        assert {r["pair"] for r in runs} == {"synchronous_commit", "no-op"}
         # the reporting query ran in every run, on both sides
         assert all(r["report_ms"] is not None and r["report_n"] > 0 for r in runs), runs
-        for pair in ("work_mem", "no-op"):
+        # nothing failed on replay
+        assert not [r["failed_by_label"] for r in runs if r["failed"]]
+        for pair in ("synchronous_commit", "no-op"):
             est = doc["fidelity"][side]["pairs"][pair]["report_latency_change"]
             assert est["rounds"] == 1
+    sync = {side: doc["fidelity"][side]["pairs"]["synchronous_commit"] for side in SIDES}
+    assert sync["original"]["level"]["throughput"]["gain"] > 0.1, sync["original"]
+    assert doc["checks"]["synchronous_commit"]["level"]["same_sign"] is True
     assert set(doc["checks"]["no-op"]["holds_zero"]) == {"original", "replay"}
     assert doc["session"]["trials"] >= 1
     assert doc["confirmation"]["runs"]  # --small confirms even an unchanged config
-    assert "same sign" in res.stdout
     assert set(doc["timings"]) >= {"capture_s", "session_s", "confirmation_s"}
+    return sync
