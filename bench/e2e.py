@@ -447,8 +447,11 @@ def in_cgroup(sb: Sandbox) -> dict[str, Any] | None:
     }
 
 
-def run_workload(name: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_workload(name: str, args: argparse.Namespace, chart: str | None = None) -> dict[str, Any]:
+    """``chart``: the session chart's file name (default e2e-NAME-chart.svg), next to --out."""
     spec = {**WORKLOADS[name], "name": name}
+    if chart is not None:
+        spec["chart"] = chart
     print(f"{name}: {spec['description']}", file=sys.stderr)
     overrides = {
         "memory": args.memory,

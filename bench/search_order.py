@@ -80,7 +80,7 @@ def main() -> int:
         for variant, as_before in VARIANTS.items():
             print(f"{name}, {variant}:", file=sys.stderr)
             args.as_before = as_before
-            result = run_workload(name, args)
+            result = run_workload(name, args, chart=f"order-{name}-{variant}-chart.svg")
             doc["workloads"][name][variant] = {"e2e": result, **where_runs_went(result)}
     doc["load_average_1m"] = {"before": load_before, "after": load_average()}
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
