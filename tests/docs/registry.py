@@ -16,6 +16,7 @@ _QUALITY = "tests/docs/test_results_quality.py"
 _E2E = "tests/docs/test_results_e2e_{}.py::test_the_page_command_runs"
 _CAPTURES = "tests/docs/test_captures.py"
 _CAPTURE_RESULTS = "tests/docs/test_results_captures.py"
+_ORDER = "tests/docs/test_results_search_order.py::test_the_search_order_commands_run"
 
 COMMANDS: dict[str, str] = {
     # README.md
@@ -76,6 +77,8 @@ COMMANDS: dict[str, str] = {
     "results-tpcb-d1-steady": (
         "tests/docs/test_results_e2e_oltp.py::test_the_steady_state_command_runs"
     ),
+    "results-search-order": _ORDER,
+    "results-search-order-analytic": _ORDER,
     "results-sweep": f"{_RESULTS}::test_results_sweep",
     "results-long-queries": f"{_RESULTS}::test_results_long_queries",
     "results-search-quality": f"{_QUALITY}::test_results_search_quality",

@@ -1,0 +1,39 @@
+"""docs/evidence.md's before/after of the search order (bench/search_order.py), run small
+(tests/docs/results_cmds.py): its own module, as the suite hands out whole modules to its
+workers and this one runs four small sessions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.docs.blocks import command
+from tests.docs.results_cmds import E2E_SMALL, run, small
+from tests.helpers import needs_cgroups
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    ("name", "out"),
+    [
+        pytest.param("results-search-order", "order-B1.json", marks=needs_cgroups),
+        ("results-search-order-analytic", "order-H1.json"),
+    ],
+)
+def test_the_search_order_commands_run(name: str, out: str, tmp_path: Path) -> None:
+    """bench/search_order.py as docs/results/search-order.md shows it, small: a session
+    searching as before issue 29 and one as now, each confirmed."""
+    run(small(command(name), tmp_path, **E2E_SMALL), timeout=800)
+    doc = json.loads((tmp_path / "bench/results" / out).read_text())
+    (variants,) = doc["workloads"].values()
+    assert set(variants) == {"before", "after"}
+    for r in variants.values():
+        assert r["trials"] >= 1
+        assert r["confirmed_vs_default"]["rounds"] == 1
+    # only the search as now orders the knobs from the baseline's counters
+    notes = {v: " ".join(r["e2e"]["session"]["notes"]) for v, r in variants.items()}
+    assert "search order from the baseline's counters" in notes["after"], notes["after"]
+    assert "search order from the baseline's counters" not in notes["before"]
