@@ -54,7 +54,7 @@ def test_results_capture_overhead_on_a_capped_disk(tmp_path: Path) -> None:
 
 @needs_cgroups
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500)  # 556 s in the suite on this 2-core host
 def test_results_replay_fidelity(tmp_path: Path) -> None:
     """The fidelity experiment's two commands, small: on a capped disk the known effect
     (synchronous_commit off) shows on the original and on its replay with the same sign,
@@ -68,7 +68,7 @@ def test_results_replay_fidelity(tmp_path: Path) -> None:
         duration="2",
         budget_s="10",
     )
-    res = run(block, timeout=800)
+    res = run(block, timeout=1400)
     assert "same sign" in res.stdout
     paced = _fidelity(tmp_path / "bench/results/replay-fidelity-sync-commit.json")
     # the commit wait gone: the mix gains on the original, and the replay's statements
