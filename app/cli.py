@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +149,9 @@ class _CancelOnInterrupt:
     cancel is posted until the service takes it, since a busy service may refuse it once
     (a cancel lost there would leave the job running while the user waits)."""
 
-    def __init__(self, api: Api, cancel_path: str, message: str, say: Any) -> None:
+    def __init__(
+        self, api: Api, cancel_path: str, message: str, say: Callable[[str], object]
+    ) -> None:
         self.api, self.cancel_path, self.message, self.say = api, cancel_path, message, say
         self.interrupted = self.sent = self.announced = self.retrying = False
         self._old: dict[int, Any] = {}

@@ -221,7 +221,7 @@ def tune(
     if spec.get("knobs"):
         body["knobs"] = spec["knobs"]
     body.update(spec.get("request") or {})
-    if getattr(args, "as_before", False):
+    if args.as_before:
         # the search as it was before issue 29: the listed order, checkpoint knobs judged
         # on any run
         body.update(search_order="catalogue", checkpoint_rule=False)

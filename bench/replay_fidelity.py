@@ -47,13 +47,12 @@ interleaving and the paired statistics):
    (the original: its objective, throughput, and latency_mean beside it; the replay:
    latency_mean and statements a second, ``--replay-objective`` the one compared and the
    session's objective: latency_mean at the captured pace, rate (the session's
-   throughput) with ``--speed 4``, faster
-   than the server can go, so that every session runs back to back as pgbench's clients
-   do), each with a 95% interval and p-value (paired t on the
-   rounds' log ratios). Printed: whether the replay's change has the original's sign and
-   lies inside its interval (levels in different units are compared as log ratios of
-   levels: by Little's law a closed loop's throughput moves as the inverse of its mean
-   latency), and whether the no-op's intervals hold 0 on both sides.
+   throughput) with ``--speed 4``, faster than the server can go, so that every session
+   runs back to back as pgbench's clients do), each with a 95% interval and p-value
+   (paired t on the rounds' log ratios). Printed: whether the replay's change has the
+   original's sign and lies inside its interval (levels in different units are compared
+   as log ratios of levels: by Little's law a closed loop's throughput moves as the
+   inverse of its mean latency), and whether the no-op's intervals hold 0 on both sides.
 5. **Tune from the capture, confirm on the original.** A session on R with the replay as
    its workload (``--budget-s``; memory, planner and WAL knobs: work_mem, shared_buffers,
    random_page_cost, wal_buffers, commit_delay, max_wal_size, R's own restart method
@@ -142,10 +141,7 @@ KNOBS = [
     "max_wal_size",
 ]
 UNSAFE = "synchronous_commit"
-# The known effect: on a disk whose fsync takes milliseconds, TPC-C's commits wait for the
-# WAL flush; synchronous_commit=off stops that wait (issue 29's D1 measured +75% on TPC-B).
-# The first experiment's known effect, work_mem on the reporting sort, was not there on
-# the original (docs/results/replay-fidelity.md): a spill to the page cache costs little.
+# The pairs: the known effect and the no-op (the module docstring says why each).
 PAIRS: dict[str, tuple[dict[str, str], dict[str, str]]] = {
     "synchronous_commit": ({"synchronous_commit": "on"}, {"synchronous_commit": "off"}),
     "no-op": ({"vacuum_cost_delay": "0"}, {"vacuum_cost_delay": "2ms"}),
@@ -728,6 +724,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 start="current",
                 final_check_runs=args.final_check_runs,
                 allow_unsafe=UNSAFE,
+                as_before=False,
                 out=args.out,
             )
             doc["session"] = tune(api, r_id, spec, session_args)

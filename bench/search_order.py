@@ -72,7 +72,7 @@ def main() -> int:
     doc: dict[str, Any] = {
         "machine": machine(),
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
-        "args": vars(args),
+        "args": {k: v for k, v in vars(args).items() if k != "as_before"},  # set per variant
         "workloads": {},
     }
     for name in args.workloads.split(","):

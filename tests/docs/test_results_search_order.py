@@ -1,6 +1,6 @@
-"""docs/evidence.md's before/after of the search order (bench/search_order.py), run small
-(tests/docs/results_cmds.py): its own module, as the suite hands out whole modules to its
-workers and this one runs four small sessions."""
+"""docs/results/search-order.md's before/after of the search order (bench/search_order.py),
+run small (tests/docs/results_cmds.py): its own module, as the suite hands out whole
+modules to its workers and this one runs four small sessions."""
 
 from __future__ import annotations
 
