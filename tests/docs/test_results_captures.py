@@ -59,11 +59,12 @@ def test_results_replay_fidelity(tmp_path: Path) -> None:
     """The fidelity experiment's two commands, small: on a capped disk the known effect
     (synchronous_commit off) shows on the original and on its replay with the same sign,
     at the captured pace (latency) and flat out (statements a second)."""
-    # the page's rounds, run length and budget set back to --small's
+    # the page's capture, rounds, run length and budget set back to --small's
     block = small(
         command("results-replay-fidelity"),
         tmp_path,
         small=None,
+        minutes="0.17",
         rounds="1",
         duration="2",
         budget_s="10",
