@@ -116,7 +116,7 @@ from bench.common import (  # noqa: E402
     shown,
 )
 from bench.e2e import tune  # noqa: E402
-from optimizer.evidence import FLOOR, Objective, StreamStat, run_level  # noqa: E402
+from optimizer.evidence import Objective, StreamStat, run_level, unfinished  # noqa: E402
 from tests.helpers import PGSS, ServiceProcess, logging_sandbox, wait_capture  # noqa: E402
 
 DATABASE = "shop"
@@ -350,9 +350,9 @@ def level_of(out: TrialOutcome, streams: tuple[StreamStat, ...], kind: str) -> f
     if kind == "rate":
         samples = out.result.samples if out.result is not None else []
         return sum(samples) / len(samples) if samples else None
-    centre = run_level(streams, kind).centre
-    if centre <= FLOOR:
+    if unfinished(streams):  # one stream's level at FLOOR would drag the geomean to nonsense
         return None
+    centre = run_level(streams, kind).centre
     return math.exp(centre) if kind == "throughput" else math.exp(-centre)
 
 
