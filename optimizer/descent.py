@@ -223,6 +223,10 @@ class CoordinateDescent:
         self.final_verdict: Verdict | None = None  # the final check's, once it is complete
         self.final_rejected: Config | None = None  # the walk's best, if the final check failed it
         self._about = "the baseline"  # what the current runs are for (shift reports)
+        # the evaluation in progress and its latest look; what the walk was deciding when it
+        # ended early (a budget) becomes ``undecided``
+        self._looking: tuple[str, Verdict] | None = None
+        self.undecided: str | None = None
         self._concluding = False
         self._last_config: Config | None = None  # what the server ran last, as far as we know
         self._gen: _Walk = self._walk()
@@ -520,6 +524,9 @@ class CoordinateDescent:
         self._concluding = True
         if why is not None:
             self.stop_reason = why
+        if self._looking is not None and self._looking[1].gain >= self.min_gain:
+            # a lead, not a flat or losing candidate the budget happened to cut
+            self.undecided = _undecided(*self._looking, self.settings.alpha)
         self._gen.close()  # withdraws the walk's pending run, if any
         self._gen = self._final_check()
         self._next = self._advance(None)
@@ -798,6 +805,7 @@ class CoordinateDescent:
                         v = replace(v, keep=False)
                 if v is not None:
                     assert v.se is not None
+                    self._looking = (self._about, v)
                     d = self._log_ratio(v.gain)
                     # futile: measured worse, or even an optimistic bound (80%) misses min_gain
                     if v.gain < 0 or d + 1.28 * v.se < self._log_ratio(self.min_gain):
@@ -825,6 +833,7 @@ class CoordinateDescent:
                 )
                 last = "incumbent"
                 if isinstance(m, _Cancel):
+                    self._looking = None
                     return None
                 if self._ledger.record(inc_key, m, self._trials - 1, self._about) is None:
                     inc_failures += 1
@@ -835,6 +844,7 @@ class CoordinateDescent:
             m = yield _Request(cfg, name, text, "candidate", name, tuple(joint or ()))
             last = "candidate"
             if isinstance(m, _Cancel):
+                self._looking = None
                 return None
             if self._ledger.record(key, m, self._trials - 1, self._about) is None:
                 if knob is not None:
@@ -891,6 +901,7 @@ class CoordinateDescent:
     def _finish(self, name: str | None, text: str, v: Verdict) -> Verdict:
         self._verdicts.append((self._trials - 1, name or "", text, v))
         self._out = v
+        self._looking = None
         return v
 
     def _allowed(self, knob: Knob, value: Value) -> bool:
@@ -900,3 +911,16 @@ class CoordinateDescent:
         if self._key({**self._inc, knob.name: value}) in self._ledger.runs:
             return False
         return self._steps.within(knob, value)
+
+
+def _undecided(about: str, v: Verdict, alpha: float) -> str:
+    """The note for an evaluation the walk ended before its verdict: its estimate so far,
+    labelled as not confirmed, so that a lead the budget cut off is not lost."""
+    ni, nc = v.runs
+    p = "" if v.p_value is None else f", p={v.p_value:.3g}"
+    ci = "" if v.ci is None else f" (95% CI {v.ci[0]:+.1%} to {v.ci[1]:+.1%}{p})"
+    return (
+        f"undecided when the walk ended: {about} measured {v.gain:+.1%}{ci} over {nc} "
+        f"run(s) against {ni}; a keep needs p < {alpha:g} on time-adjacent runs. Not kept "
+        "and not confirmed: a longer budget would decide it"
+    )

@@ -310,6 +310,8 @@ class SessionRunner:
                 return
             prepared = self._prepare(ctl, body)
             self._loop(prepared)
+            if prepared.optimizer.undecided:  # a lead the budget cut off, labelled as such
+                self.store.note(prepared.optimizer.undecided)
             if prepared.optimizer.final_verdict is not None:
                 self.store.note(final_check_text(prepared.optimizer))
             reason = prepared.optimizer.stop_reason or ""

@@ -682,3 +682,41 @@ def test_a_baseline_that_never_finishes_a_query_stops_saying_what_to_change() ->
     assert opt.stop_reason is not None
     assert "olap/Q9 never finished within a run" in opt.stop_reason
     assert "longer duration_s" in opt.stop_reason
+
+
+def test_a_walk_cut_mid_evaluation_reports_the_lead_as_undecided() -> None:
+    """The budget ends while a candidate leads on too few runs for a verdict: the lead is
+    reported, labelled as neither kept nor confirmed, never silently dropped."""
+    rng = np.random.default_rng(7)
+
+    def run(level: float) -> Measurement:
+        return Measurement(samples=tuple(level * rng.lognormal(0.0, 0.1, 30)))
+
+    opt = CoordinateDescent(
+        knob_space(["work_mem"], Hardware(8 * GB, 2)),
+        {"work_mem": "4MB"},
+        DescentSettings(max_trials=None),
+    )
+    while (c := opt.suggest()) is not None and c.role == "baseline":
+        opt.register(c, run(1000.0))
+    assert c is not None
+    assert c.role == "candidate"
+    opt.register(c, run(1120.0))  # one run: about +12%, short of a verdict
+    assert opt.incumbent == opt.baseline
+    opt.conclude()
+    note = opt.undecided
+    assert note is not None
+    assert f"work_mem={c.config['work_mem']}" in note
+    assert "over 1 run(s)" in note
+    assert "Not kept and not confirmed" in note
+    gain = float(note.split(" measured ")[1].split("%")[0])
+    assert 5.0 < gain < 20.0
+
+
+def test_a_walk_cut_without_a_lead_has_nothing_undecided() -> None:
+    """Cut while a flat candidate is measured (the trial budget): no lead, no note."""
+    s = oltp_surface()
+    opt = CoordinateDescent(s.space, s.start, DescentSettings(max_trials=12))
+    while (c := opt.suggest()) is not None:
+        opt.register(c, _flat(1000.0))
+    assert opt.undecided is None

@@ -300,3 +300,21 @@ def test_a_crash_without_a_restart_method_tells_the_operator_what_to_do(
     assert "the target has no restart method: put back the snapshot's" in sess.error
     assert "and start the server" in sess.error
     assert env.fake_target.recovered == 0
+
+
+def test_a_lead_the_time_budget_cut_off_is_noted_as_undecided(db: Database, tmp_path: Path) -> None:
+    """The budget ends one run into a work_mem candidate that leads: the session does not
+    keep it, and its notes give the lead with its interval, labelled as not confirmed."""
+    s = reporting_surface()
+    sid = _session(
+        db, s, knobs=["work_mem"], hints=False, max_trials=100, time_budget_s=260, seed=3
+    )
+    final = run_session(db, tmp_path, sid, FakeEnv(s, seed=3))
+    assert final.status == "succeeded", final.error
+    assert final.best_config is not None
+    undecided = [n for n in final.notes if n.startswith("undecided when the walk ended")]
+    assert len(undecided) == 1, final.notes
+    value = undecided[0].split("work_mem=")[1].split()[0]
+    assert final.best_config["work_mem"] != value  # the lead was not kept
+    assert "95% CI" in undecided[0]
+    assert "Not kept and not confirmed" in undecided[0]
