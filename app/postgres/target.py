@@ -356,18 +356,6 @@ class TargetController:
         except (ConnectError, psycopg.Error):
             return False
 
-    def checkpoint(self) -> str | None:
-        """CHECKPOINT now (before a measured run: app/runs/trial.py); None when done, else
-        why not (a role that is neither superuser nor in pg_checkpoint, a lost server)."""
-        try:
-            with self._connect() as conn:
-                conn.execute("CHECKPOINT")
-        except pg_errors.InsufficientPrivilege:
-            return "the role may not CHECKPOINT: GRANT pg_checkpoint TO it (PostgreSQL 15+)"
-        except (ConnectError, psycopg.Error) as exc:
-            return self._scrub(str(exc).strip())
-        return None
-
     def wait_until_up(self, timeout_s: float) -> bool:
         """Poll until the server accepts connections; False after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s

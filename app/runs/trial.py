@@ -7,11 +7,7 @@
 * **apply** the config (``ALTER SYSTEM``, reload or restart); a restart empties
   shared_buffers, so a **warm-up** load runs until throughput levels off: a cold run is
   never compared with a warm one (docs/architecture.md: 1,298 vs ~3,700 tps);
-* **reset** the workload's data, so that every measured run starts from the same data,
-  then a **CHECKPOINT**, so that it starts with no dirty pages either: the reset's (TPC-C
-  deletes and vacuums) and the previous run's would otherwise be written during this run,
-  by this config's checkpointer, on a slow disk a share of its I/O that belongs to
-  neither (skipped, with no ``checkpoint_s`` in the timings, where the role may not);
+* **reset** the workload's data, so that every measured run starts from the same data;
 * **run** every stream of the workload at once; a candidate's first stream is watched by
   the **performance guard** (``ThroughputWatch``: collapse or failed transactions against
   the incumbent's recent runs), which stops it early (``rejected``);
@@ -62,8 +58,6 @@ class Applier(Protocol):
     ) -> ApplyResult: ...
 
     def is_up(self) -> bool: ...
-
-    def checkpoint(self) -> str | None: ...
 
 
 @dataclass
@@ -224,9 +218,6 @@ class TrialExecutor:
                 t = time.monotonic()
                 self.workload.reset(self.dsn)  # every measured run on the same data
                 out.timings["reset_s"] = round(time.monotonic() - t, 3)
-                t = time.monotonic()
-                if self.target.checkpoint() is None:  # ...and with no dirty pages
-                    out.timings["checkpoint_s"] = round(time.monotonic() - t, 3)
             except WorkloadError as exc:
                 out.error = self.scrub(str(exc))
                 out.down = not self.target.is_up()

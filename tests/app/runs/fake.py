@@ -122,9 +122,6 @@ class FakeTarget:
             self.reverts += 1
         return ApplyResult(restarted=False, seconds=0.0, effective={})
 
-    def checkpoint(self) -> str | None:
-        return None if self.is_up() else "the simulated server is down"
-
     def is_up(self) -> bool:
         with self.lock:
             if self.down_polls > 0:

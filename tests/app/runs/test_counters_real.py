@@ -149,39 +149,3 @@ def test_a_cycle_shorter_than_the_run_is_judged_and_the_server_agrees(
     assert c.buffers_checkpoint > 0
     with psycopg.connect(small_wal.dsn, autocommit=True) as conn:
         conn.execute("DROP TABLE evidence_bulk")
-
-
-def test_every_measured_run_starts_right_after_a_checkpoint(sandbox: Sandbox) -> None:
-    """The reset is followed by a CHECKPOINT (so no run pays for the reset's or the last
-    run's dirty pages); a role that may not checkpoint is told which grant it lacks."""
-    wl = WorkloadIn.model_validate(
-        {"builtin": "tpcb-like", "scale": 1, "clients": 1, "duration_s": 2, "warmup_s": 0}
-    )
-    workload = workload_for(wl)
-    workload.prepare(sandbox.dsn)
-    ctl = TargetController.for_sandbox(sandbox)
-    executor = TrialExecutor(ctl, sandbox.dsn, workload, duration_s=2, warmup_s=0)
-    opt = CoordinateDescent(
-        knob_space(["work_mem"], Hardware(8 * GB, 2)),
-        {"work_mem": "4MB"},
-        DescentSettings(max_trials=20, run_seconds=2, warmup_seconds=0),
-    )
-
-    def requested() -> int:
-        with psycopg.connect(sandbox.dsn) as conn:
-            row = conn.execute("SELECT checkpoints_req FROM pg_stat_bgwriter").fetchone()
-            assert row is not None
-            return int(row[0])
-
-    before = requested()
-    for _ in range(2):
-        cand = opt.suggest()
-        assert cand is not None
-        out = executor.run(cand, incumbent=cand.config)
-        assert out.error is None, out.error
-        assert out.timings["checkpoint_s"] >= 0
-    assert requested() >= before + 2
-    # the benchmark role is neither superuser nor in pg_checkpoint
-    why = TargetController(sandbox.bench_dsn).checkpoint()
-    assert why is not None
-    assert "pg_checkpoint" in why
