@@ -70,6 +70,7 @@ interleaving and the paired statistics):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import math
@@ -200,12 +201,19 @@ class Production:
 
     tpcc: Tpcc
     report_clients: int
+    # --original-checkpoint: a DSN that may CHECKPOINT, run after each reset, so that every
+    # original run starts at a checkpoint as every replay run does (its copy's FILE_COPY
+    # checkpoints)
+    checkpoint_dsn: str | None = None
 
     def prepare(self, dsn: str) -> str | None:
         return self.tpcc.prepare(dsn)
 
     def reset(self, dsn: str) -> None:
         self.tpcc.reset(dsn)
+        if self.checkpoint_dsn is not None:
+            with psycopg.connect(self.checkpoint_dsn, autocommit=True) as conn:
+                conn.execute("CHECKPOINT")
 
     def streams(self) -> list[Stream]:
         report = Stream(
@@ -615,6 +623,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         dumps,
     ):
         app_dsn = _db(prod.bench_dsn, DATABASE)  # the application: the benchmark role
+        if args.original_checkpoint:
+            mix = dataclasses.replace(mix, checkpoint_dsn=prod.dsn)
         print(f"production: loading TPC-C at {args.warehouses} warehouses", file=sys.stderr)
         doc["data"] = {"note": mix.prepare(app_dsn)}
         doc["report_query"] = {
@@ -824,6 +834,12 @@ def main() -> int:
         default=",".join(KNOBS),
         help=f"the session's knobs, comma-separated (default {','.join(KNOBS)}; "
         f"{UNSAFE} is added as a durability trade)",
+    )
+    p.add_argument(
+        "--original-checkpoint",
+        action="store_true",
+        help="a CHECKPOINT after each original run's reset: every run then starts at a "
+        "checkpoint, as every replay run does (its database copy checkpoints)",
     )
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "replay-fidelity.json"))
     p.add_argument(
