@@ -399,6 +399,9 @@ def recorder(
                 f"{s.name}/{x.label}": x.failed for s in done for x in s.scripts if x.failed
             },
             "streams": [s.to_json() for s in done],
+            # the server's counters over the measured window: checkpoints, WAL and its
+            # full-page images, blocks read, temp files (did a checkpoint fall in this run?)
+            "counters": out.result.db_metrics if out.result is not None else None,
             "timings": out.timings,
             "load1": load_average(),
         }

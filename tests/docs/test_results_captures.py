@@ -103,6 +103,8 @@ def _fidelity(out: Path, compared: str) -> dict[str, Any]:
         assert all(r["report_ms"] is not None and r["report_n"] > 0 for r in runs), runs
         # nothing failed on replay
         assert not [r["failed_by_label"] for r in runs if r["failed"]]
+        # each run's server counters: was there a checkpoint in it, how much WAL
+        assert all("wal_bytes" in (r["counters"] or {}) for r in runs), runs
         for pair in ("synchronous_commit", "no-op"):
             est = doc["fidelity"][side]["pairs"][pair]["report_latency_change"]
             assert est["rounds"] == 1
