@@ -439,11 +439,14 @@ def in_cgroup(sb: Sandbox) -> dict[str, Any] | None:
         return None
     server = sb.postmaster_pids()
     inside = cg.pids()
+    # a child that exited between the two reads (a short-lived backend) is not outside:
+    # only those still the postmaster's children after reading the cgroup count
+    outside = (server - inside) & sb.postmaster_pids()
     return {
         "cgroup": cg.name,
         "server_processes": len(server),
-        "outside": sorted(server - inside),
-        "all_inside": bool(server) and server <= inside,
+        "outside": sorted(outside),
+        "all_inside": bool(server) and not outside,
     }
 
 
