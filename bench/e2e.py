@@ -439,9 +439,7 @@ def in_cgroup(sb: Sandbox) -> dict[str, Any] | None:
         return None
     server = sb.postmaster_pids()
     inside = cg.pids()
-    # a child that exited between the two reads (a short-lived backend) is not outside:
-    # only those still the postmaster's children after reading the cgroup count
-    outside = (server - inside) & sb.postmaster_pids()
+    outside = sb.outside(server, inside)
     return {
         "cgroup": cg.name,
         "server_processes": len(server),

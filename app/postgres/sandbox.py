@@ -586,6 +586,12 @@ class Sandbox:
                     out.add(int(stat.parent.name))
         return out
 
+    def outside(self, listed: set[int], inside: set[int]) -> set[int]:
+        """Of ``listed`` (:meth:`postmaster_pids`), those not in ``inside`` (a cgroup's
+        processes, read after the listing) that are still the server's now: a child that
+        exited between the two reads (a short-lived backend) is gone, not outside."""
+        return (listed - inside) & self.postmaster_pids()
+
     def adopt(self) -> int:
         """Move a running server that is outside its cgroup into it (started by hand, or
         by a version without profiles); returns how many processes moved."""

@@ -59,10 +59,7 @@ def _in_cgroup(sb: Sandbox, cg: Cgroup) -> None:
     assert pids
     for f in cg.procs_files():
         inside = {int(x) for x in f.read_text().split()}
-        # A child that exited between the two reads (a short-lived backend or autovacuum
-        # worker) is missing from cgroup.procs without being outside: count only those
-        # still the postmaster's children after the read.
-        outside = (pids - inside) & sb.postmaster_pids()
+        outside = sb.outside(pids, inside)
         assert not outside, f"{outside} outside {f}"
 
 
