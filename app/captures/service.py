@@ -25,6 +25,7 @@ from app.errors import ServiceError, to_id
 from app.models import ACTIVE_STATUSES, Capture, Target
 from app.postgres.dsn import mask_dsn, scrub
 from app.postgres.serverlog import access_problems
+from app.runs.heartbeat import request_cancel
 from app.schemas import CAPTURE_NAME, CAPTURE_NAME_RULE, CaptureIn, CaptureOut
 from app.settings import Settings
 from app.targets.holds import server_holder
@@ -216,18 +217,15 @@ def list_captures(db: Database, limit: int = 100) -> list[Capture]:
 
 def cancel_capture(db: Database, capture_id: int) -> Capture:
     with db.session() as s:
-        cap = s.get(Capture, to_id(capture_id), with_for_update=True)
+        stopping = "cancelling: the logging settings are being put back"
+        outcome = request_cancel(s, Capture, to_id(capture_id), stopping)
+        cap = s.get(Capture, to_id(capture_id))
         if cap is None:
             raise ServiceError(404, f"no capture {capture_id}", fix="list-captures")
-        if cap.status not in ACTIVE_STATUSES:
+        if outcome is None:
             raise ServiceError(409, f"capture {capture_id} is already {cap.status}")
-        if cap.status == "queued" and cap.lease_owner is None:
-            # never started: nothing changed on the target
-            cap.status, cap.phase, cap.finished_at = "cancelled", "cancelled", utcnow()
+        if outcome == "cancelled":
             cap.notes = [*cap.notes, "cancelled before it started: nothing was changed"]
-        else:
-            cap.cancel_requested = True
-            cap.phase = "cancelling: the logging settings are being put back"
         return cap
 
 

@@ -152,11 +152,12 @@ class Scheduler:
                 offers += [(at, kind, i) for at, i in rows if (kind, i) not in busy]
             for _at, kind, i in sorted(offers)[:free]:
                 m = _MODELS[kind]
-                # Guarded update: only one process can move a free lease to itself.
+                # Guarded update: only one process can move a free lease to itself, and
+                # not onto a row cancelled since the select.
                 n = changed_rows(
                     s,
                     update(m)
-                    .where(m.id == i, _lease_free(m, now))
+                    .where(m.id == i, m.status.in_(ACTIVE_STATUSES), _lease_free(m, now))
                     .values(
                         lease_owner=self.owner,
                         lease_expires_at=now + timedelta(seconds=self.settings.lease_seconds),

@@ -17,9 +17,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import update
+from sqlalchemy.orm import Session
 
 from app.db import Database, changed_rows, db_message, utcnow
-from app.models import Capture, Sweep, TuningSession
+from app.models import ACTIVE_STATUSES, Capture, Sweep, TuningSession
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,27 @@ class LeaseLost(Exception):
 
 
 Leased = type[TuningSession] | type[Sweep] | type[Capture]
+
+
+def request_cancel(s: Session, model: Leased, row_id: int, stopping_phase: str) -> str | None:
+    """Cancel a row in two compare-and-set steps, so that a claim racing the cancel cannot undo it.
+
+    A row nobody has claimed ends now ("cancelled"); a claimed one gets the flag its runner's
+    heartbeat reads ("requested"). Reading the row and then writing it would let a runner
+    that claimed it in between write "running" over "cancelled" and never see a cancel.
+    None: the row is missing or no longer active (the caller says which).
+    """
+    unclaimed = (model.id == row_id, model.status == "queued", model.lease_owner.is_(None))
+    done = (
+        update(model)
+        .where(*unclaimed)
+        .values(status="cancelled", phase="cancelled", finished_at=utcnow())
+    )
+    if changed_rows(s, done):
+        return "cancelled"
+    active = (model.id == row_id, model.status.in_(ACTIVE_STATUSES))
+    flag = update(model).where(*active).values(cancel_requested=True, phase=stopping_phase)
+    return "requested" if changed_rows(s, flag) else None
 
 
 def write_leased(db: Database, model: Leased, row_id: int, owner: str, **values: Any) -> None:

@@ -12,8 +12,9 @@ from sqlalchemy.exc import IntegrityError
 from app.db import Database, utcnow
 from app.errors import ServiceError, to_id
 from app.evidence import figures, io_line, per_label, per_stream, streams_from_json
-from app.models import ACTIVE_STATUSES, Target, Trial, TuningSession
+from app.models import Target, Trial, TuningSession
 from app.preflight import PreflightError, check_workload
+from app.runs.heartbeat import request_cancel
 from app.schemas import Progress, SessionIn, SessionOut, TrialOut
 from app.sessions.summary import headline, summary
 from app.targets.holds import server_holder
@@ -122,17 +123,13 @@ def list_sessions(
 
 def cancel_session(db: Database, session_id: int) -> TuningSession:
     with db.session() as s:
-        sess = s.get(TuningSession, to_id(session_id), with_for_update=True)
+        # never started: nothing on the target to restore
+        outcome = request_cancel(s, TuningSession, to_id(session_id), "cancelling")
+        sess = s.get(TuningSession, to_id(session_id))
         if sess is None:
             raise ServiceError(404, f"no session {session_id}")
-        if sess.status not in ACTIVE_STATUSES:
+        if outcome is None:
             raise ServiceError(409, f"session {session_id} is already {sess.status}")
-        if sess.status == "queued" and sess.lease_owner is None:
-            # Never started: nothing on the target to restore.
-            sess.status, sess.phase, sess.finished_at = "cancelled", "cancelled", utcnow()
-        else:
-            sess.cancel_requested = True
-            sess.phase = "cancelling"
         return sess
 
 

@@ -13,7 +13,8 @@ from sqlalchemy import select
 
 from app.db import Database, utcnow
 from app.errors import ServiceError, to_id
-from app.models import ACTIVE_STATUSES, Sweep, Target, TuningSession
+from app.models import Sweep, Target, TuningSession
+from app.runs.heartbeat import request_cancel
 from app.schemas import SessionIn, SweepIn, SweepOut
 from app.sweeps.measure import SweepError, plan_counts, server_facts
 from app.targets.holds import server_holder
@@ -92,17 +93,13 @@ def latest_knee(db: Database, target_id: int) -> Sweep | None:
 
 def cancel_sweep(db: Database, sweep_id: int) -> Sweep:
     with db.session() as s:
-        sw = s.get(Sweep, to_id(sweep_id), with_for_update=True)
+        stopping = "cancelling (nothing to restore: a sweep changes no setting)"
+        outcome = request_cancel(s, Sweep, to_id(sweep_id), stopping)
+        sw = s.get(Sweep, to_id(sweep_id))
         if sw is None:
             raise ServiceError(404, f"no sweep {sweep_id}")
-        if sw.status not in ACTIVE_STATUSES:
+        if outcome is None:
             raise ServiceError(409, f"sweep {sweep_id} is already {sw.status}")
-        if sw.status == "queued" and sw.lease_owner is None:
-            # never started: nothing to stop
-            sw.status, sw.phase, sw.finished_at = "cancelled", "cancelled", utcnow()
-        else:
-            sw.cancel_requested = True
-            sw.phase = "cancelling (nothing to restore: a sweep changes no setting)"
         return sw
 
 

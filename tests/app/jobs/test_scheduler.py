@@ -7,16 +7,21 @@ import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import event
 
 from app.db import Database, upgrade, utcnow
 from app.jobs.scheduler import Scheduler
 from app.main import create_app
 from app.models import Sweep, Target, TuningSession
+from app.runs.heartbeat import write_leased
+from app.sessions.service import cancel_session
 from app.settings import Settings
+from app.sweeps.service import cancel_sweep
 
 ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 
@@ -37,11 +42,11 @@ def pg_db() -> Iterator[Database]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def add_sessions(db: Database, n: int) -> list[int]:
+def add_sessions(db: Database, n: int, tag: str = "") -> list[int]:
     ids = []
     with db.session() as s:
         for i in range(n):
-            t = Target(name=f"t{i}", dsn="host=/nowhere", probe={}, created_at=utcnow())
+            t = Target(name=f"t{tag}{i}", dsn="host=/nowhere", probe={}, created_at=utcnow())
             s.add(t)
             s.flush()
             sess = TuningSession(
@@ -62,11 +67,11 @@ def add_sessions(db: Database, n: int) -> list[int]:
     return ids
 
 
-def add_sweeps(db: Database, n: int) -> list[int]:
+def add_sweeps(db: Database, n: int, tag: str = "") -> list[int]:
     ids = []
     with db.session() as s:
         for i in range(n):
-            t = Target(name=f"w{i}", dsn="host=/nowhere", probe={}, created_at=utcnow())
+            t = Target(name=f"w{tag}{i}", dsn="host=/nowhere", probe={}, created_at=utcnow())
             s.add(t)
             s.flush()
             sw = Sweep(
@@ -250,3 +255,55 @@ def test_metadata_db_outage_is_a_503_not_a_500(tmp_path: Path) -> None:
         r = c.get("/api/v1/sessions")
         assert r.status_code == 503
         assert r.headers["Retry-After"] == "5"
+
+
+@pytest.mark.parametrize("kind", ["session", "sweep"])
+def test_a_cancel_racing_a_claim_is_never_lost(kind: str, tmp_path: Path) -> None:
+    """On SQLite (the default metadata DB, where FOR UPDATE is a no-op): a scheduler claims
+    the row and its runner reads it between the cancel's first look and its write. The
+    runner then writes "running"; the cancel must still reach it (found: a dashboard sweep
+    cancelled, reported "cancelled" once, then ran to the end)."""
+    url = f"sqlite:///{tmp_path / 'meta.db'}"
+    upgrade(url)
+    db = Database(url)
+    model, add, cancel = (
+        (TuningSession, add_sessions, cancel_session)
+        if kind == "session"
+        else (Sweep, add_sweeps, cancel_sweep)
+    )
+    (rid,) = add(db, 1)
+    a = scheduler(db, "a")
+    seen: dict[str, object] = {}
+
+    def claim_and_read(_conn: Any, _cur: Any, statement: str, *_args: Any) -> None:
+        if seen or not statement.lstrip().upper().startswith(
+            f"UPDATE {model.__tablename__.upper()}"
+        ):
+            return
+        seen["claimed"] = []  # (the claim's own UPDATE comes through here too)
+        seen["claimed"] = a.claim() + a.claimed_sweeps
+        with db.session() as s:  # the runner's first read: queued, no cancel yet
+            row = s.get(model, rid)
+            assert row is not None
+            seen["read"] = (row.status, row.cancel_requested)
+
+    event.listen(db.engine, "before_cursor_execute", claim_and_read)
+    try:
+        cancel(db, rid)
+    finally:
+        event.remove(db.engine, "before_cursor_execute", claim_and_read)
+    assert seen == {"claimed": [rid], "read": ("queued", False)}
+    write_leased(db, model, rid, "a", status="running")  # the runner starts
+    with db.session() as s:
+        row = s.get(model, rid)
+        assert row is not None
+        assert row.cancel_requested, (row.status, row.phase)  # its heartbeat will stop it
+    # A row cancelled before any claim is never leased.
+    (other,) = add(db, 1, "later")
+    cancel(db, other)
+    assert other not in a.claim() + a.claimed_sweeps
+    with db.session() as s:
+        row = s.get(model, other)
+        assert row is not None
+        assert (row.status, row.lease_owner) == ("cancelled", None)
+    db.dispose()
