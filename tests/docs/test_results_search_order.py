@@ -11,7 +11,7 @@ import pytest
 
 from tests.docs.blocks import command
 from tests.docs.results_cmds import E2E_SMALL, run, small
-from tests.helpers import needs_cgroups
+from tests.helpers import ROOT, needs_cgroups
 
 
 @pytest.mark.slow
@@ -37,3 +37,25 @@ def test_the_search_order_commands_run(name: str, out: str, tmp_path: Path) -> N
     notes = {v: " ".join(r["e2e"]["session"]["notes"]) for v, r in variants.items()}
     assert "search order from the baseline's counters" in notes["after"], notes["after"]
     assert "search order from the baseline's counters" not in notes["before"]
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f}%"
+
+
+@pytest.mark.parametrize("out", ["order-B1.json", "order-H1.json"])
+def test_the_page_states_what_the_recorded_runs_measured(out: str) -> None:
+    """The page's per-variant figures are the recorded output's, not typed by hand."""
+    page = (ROOT / "docs/results/search-order.md").read_text()
+    doc = json.loads((ROOT / "bench/results" / out).read_text())
+    (variants,) = doc["workloads"].values()
+    for r in variants.values():
+        conf = r["confirmed_vs_default"]
+        assert _pct(conf["gain"]) in page, (out, conf)
+        assert f"p={conf['p_value']:.2g}" in page, (out, conf)
+        assert f"| trials in 600 s | {variants['before']['trials']}" in page
+    if out == "order-H1.json":
+        # the order's one effect: which knob the budget left after the hints went to
+        assert variants["before"]["judged"] == ["work_mem"]
+        assert variants["after"]["judged"] == ["effective_io_concurrency"]
+        assert variants["before"]["kept"] == variants["after"]["kept"]
