@@ -97,7 +97,6 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from optimizer import checkpoints
-from optimizer.counters import ServerCounters
 from optimizer.evidence import unfinished
 from optimizer.knobs import Config, Knob, KnobError
 from optimizer.ledger import Key, RunLedger, Shift, Value, _Run
@@ -203,13 +202,14 @@ class CoordinateDescent:
                 self._hints[k.name] = h
         self._excluded: dict[str, str] = {}
         self._server: dict[str, str] = dict(server or {})
-        # the order the walk tunes knobs in (optimizer/order.py, after the baseline)
+        # the order the walk tunes knobs in (optimizer/order.py): set from the baseline's
+        # counters, and again from the hints' runs when they are kept
         self._order: tuple[Knob, ...] = self.space
-        self.order_notes: tuple[str, ...] = ()
+        self.order_notes: tuple[str, ...] = ()  # the latest ordering's, per knob moved
+        self.orderings: list[str] = []  # one note per ordering, for the session's notes
         # checkpoint knobs the runs could not show (optimizer/checkpoints.py), with the note
         self._set_aside: dict[str, str] = {}
         self._wal_rate: float | None = None  # bytes/s, the latest run that measured it
-        self._baseline_counters: list[ServerCounters] = []
         self._trials = 0
         self._trials_by_knob: dict[str, int] = {k.name: 0 for k in self.space}
         self._gain_by_knob: dict[str, float] = {}
@@ -291,11 +291,8 @@ class CoordinateDescent:
         self._trials += 1
         self._last_config = candidate.config
         c = measurement.counters
-        if c is not None and not measurement.failed:
-            if c.wal_rate is not None:
-                self._wal_rate = c.wal_rate
-            if candidate.role == "baseline":
-                self._baseline_counters.append(c)
+        if c is not None and not measurement.failed and c.wal_rate is not None:
+            self._wal_rate = c.wal_rate
         self._out = None
         self._next = self._advance(measurement)
         self._settle()
@@ -628,11 +625,7 @@ class CoordinateDescent:
                         else ""
                     )
                     return
-        if self.settings.order_by_counters:
-            # busy mechanisms first, idle ones last (optimizer/order.py)
-            ordering = order_knobs([k.name for k in self.space], combine(self._baseline_counters))
-            self._order = tuple(self._knobs[n] for n in ordering.order)
-            self.order_notes = ordering.notes
+        self._order_from(base_key, "from the baseline's counters", "the baseline")
         joint = {
             n: h
             for n, h in self._hints.items()
@@ -648,6 +641,10 @@ class CoordinateDescent:
             if v is not None and v.keep:
                 for n in joint:
                     self._gain_by_knob.pop(n, None)
+                # the kept config can exercise other mechanisms than the start config (on
+                # TPC-H, work_mem 28 MB and random_page_cost 1.1 spilled where 4 MB did not)
+                why = "after the hints were kept, from their runs"
+                self._order_from(self._key(self._inc), why, "the hints' config")
         for p in range(self.settings.max_passes):
             self._pass = p
             changed = False
@@ -659,6 +656,19 @@ class CoordinateDescent:
                 self.stop_reason = "converged: a full pass kept nothing"
                 return
         self.stop_reason = f"max_passes={self.settings.max_passes} reached"
+
+    def _order_from(self, key: Key, why: str, runs: str) -> None:
+        """Busy mechanisms first, idle ones last, by the counters of ``key``'s runs
+        (optimizer/order.py); a reordering that moves nothing is not noted again."""
+        if not self.settings.order_by_counters:
+            return
+        counters = combine(self._ledger.counters.get(key, []))
+        ordering = order_knobs([k.name for k in self.space], counters, runs)
+        order = tuple(self._knobs[n] for n in ordering.order)
+        if not ordering.notes or (self.orderings and order == self._order):
+            return
+        self._order, self.order_notes = order, ordering.notes
+        self.orderings.append(f"search order {why}: " + "; ".join(ordering.notes))
 
     def _tune(self, knob: Knob, p: int) -> Generator[_Request, Measurement | _Cancel, bool]:
         """Walk one knob: upward while kept, with look-ahead; downward if upward kept nothing."""

@@ -87,6 +87,8 @@ class RunLedger:
         if self._needs_transactions():
             self.evidence = "transactions"
         self.runs: dict[Key, list[_Run]] = {}
+        # the server's counters of those runs, by config: what the search order reads
+        self.counters: dict[Key, list[ServerCounters]] = {}
         self.shifts: list[Shift] = []  # load shifts seen, in order
         self._shifted_at: dict[Key, int] = {}  # config -> trial of its latest shift
 
@@ -147,6 +149,8 @@ class RunLedger:
                 self._shift(a, b, about)
                 self._shifted_at[key] = run.index  # older runs no longer describe it
         runs.append(run)
+        if m.counters is not None:
+            self.counters.setdefault(key, []).append(m.counters)
         return run
 
     def _shift(self, a: Run, b: Run, about: str) -> Shift:

@@ -16,7 +16,8 @@ counters (optimizer/counters.py) say which mechanisms the workload exercises:
 :func:`order_knobs` moves knobs whose mechanism is busy to the front and those whose
 mechanism is idle to the back, each with a note; a knob whose counters were not measured
 (another version, no pg_stat_statements) keeps its place. Within each group the given
-order (the catalogue's expected impact) stands. Pure and deterministic: a replayed session
+order (the catalogue's expected impact) stands. The descent orders its walk again from the
+hints' runs when it keeps them: a kept config can exercise what the start config did not. Pure and deterministic: a replayed session
 orders its knobs the same way.
 """
 
@@ -61,15 +62,16 @@ def combine(runs: Sequence[ServerCounters]) -> ServerCounters | None:
     return ServerCounters(**values)
 
 
-def _states(c: ServerCounters) -> dict[str, tuple[bool, str]]:
-    """Mechanism -> (busy, why) for the mechanisms these counters show; unmeasured: absent."""
+def _states(c: ServerCounters, runs: str) -> dict[str, tuple[bool, str]]:
+    """Mechanism -> (busy, why) for the mechanisms these counters show; unmeasured: absent.
+    ``runs``: whose runs they are, for the notes ("the baseline")."""
     out: dict[str, tuple[bool, str]] = {}
     if c.temp_files is not None:
         if c.temp_files > 0:
             spilled = f" ({size_text(c.temp_bytes)})" if c.temp_bytes else ""
-            out["temp"] = (True, f"{c.temp_files:.0f} temp files{spilled} in the baseline")
+            out["temp"] = (True, f"{c.temp_files:.0f} temp files{spilled} in {runs}")
         else:
-            out["temp"] = (False, "no sort or hash spilled to a temp file in the baseline")
+            out["temp"] = (False, f"no sort or hash spilled to a temp file in {runs}")
     if c.parallel_planned is not None:
         if c.parallel_planned > 0:
             launched = c.parallel_launched if c.parallel_launched is not None else 0.0
@@ -78,23 +80,23 @@ def _states(c: ServerCounters) -> dict[str, tuple[bool, str]]:
                 f"{launched:.0f} of {c.parallel_planned:.0f} planned parallel workers launched",
             )
         else:
-            out["parallel"] = (False, "no parallel worker was planned in the baseline")
+            out["parallel"] = (False, f"no parallel worker was planned in {runs}")
     share = c.jit_share
     if share is not None:
         busy = share >= JIT_BUSY
         out["jit"] = (busy, f"{share:.1%} of query time is JIT compilation")
     if c.checkpoints is not None:
         if c.checkpoints > 0:
-            out["checkpoint"] = (True, f"{c.checkpoints:.0f} checkpoints in the baseline")
+            out["checkpoint"] = (True, f"{c.checkpoints:.0f} checkpoints in {runs}")
         else:
-            out["checkpoint"] = (False, "no checkpoint in the baseline's runs")
+            out["checkpoint"] = (False, f"no checkpoint in {runs}'s runs")
     if c.buffers_backend is not None and c.buffers_clean is not None:
         written = c.buffers_backend + c.buffers_clean
         if written > 0:
             out["bgwriter"] = (
                 True,
                 f"the bgwriter wrote {c.buffers_clean:.0f} and backends "
-                f"{c.buffers_backend:.0f} buffers in the baseline",
+                f"{c.buffers_backend:.0f} buffers in {runs}",
             )
         else:
             out["bgwriter"] = (False, "neither the bgwriter nor a backend wrote a buffer")
@@ -125,11 +127,14 @@ def mechanism(knob: str) -> str | None:
     return None
 
 
-def order_knobs(names: Sequence[str], counters: ServerCounters | None) -> Ordering:
-    """``names`` with busy mechanisms first and idle ones last (see the module docstring)."""
+def order_knobs(
+    names: Sequence[str], counters: ServerCounters | None, runs: str = "the baseline"
+) -> Ordering:
+    """``names`` with busy mechanisms first and idle ones last (see the module docstring);
+    ``runs``: whose counters these are, for the notes."""
     if counters is None:
         return Ordering(tuple(names), ())
-    states = _states(counters)
+    states = _states(counters, runs)
     first: list[str] = []
     middle: list[str] = []
     last: list[str] = []

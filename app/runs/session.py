@@ -182,6 +182,7 @@ class Loaded:
     applied: dict[str, Any]
     resumed: bool
     refused: str | None = None
+    notes: tuple[str, ...] = ()  # what an earlier attempt noted
 
 
 class SessionRunner:
@@ -206,7 +207,7 @@ class SessionRunner:
         self._last_error: str | None = None
         self._shifts_noted = 0
         self._aside_noted = 0  # checkpoint knobs set aside, noted
-        self._order_noted = False  # the search order from the baseline's counters, noted
+        self._orders_noted = 0  # the search orders the counters set (opt.orderings), noted
         self._evidence_noted = False
 
     def _safe(self, text: str) -> str:
@@ -253,6 +254,7 @@ class SessionRunner:
                 snapshot=sess.snapshot,
                 applied=dict(sess.applied or {}),
                 resumed=sess.attempts > 0,
+                notes=tuple(sess.notes or ()),
             )
             ctl = self.env.target(target, self.settings)
         return loaded, ctl
@@ -378,9 +380,16 @@ class SessionRunner:
         replayed = store.replay(opt, done.append)
         self._shifts_noted = len(opt.shifts)  # a resumed session noted these already
         self._aside_noted = len(opt.set_aside)
-        self._order_noted = bool(opt.order_notes)
+        self._orders_noted = len(opt.orderings)
         self._evidence_noted = replayed > 0 and opt.evidence != "auto"  # noted before a crash
-        store.update(start_config=start, notes=notes, trials_planned=opt.planned_trials())
+        # A resumed session keeps what its earlier attempt noted (the counts above skip
+        # those notes; writing the start notes again erased them).
+        kept = loaded.resumed and bool(loaded.notes)
+        store.update(
+            start_config=start,
+            trials_planned=opt.planned_trials(),
+            **({} if kept else {"notes": notes}),
+        )
         if replayed:
             log.info("session %s: resumed after %d stored trials", self.session_id, replayed)
         self.hb.check()
@@ -554,12 +563,10 @@ class SessionRunner:
         for sh in opt.shifts[self._shifts_noted :]:
             self.store.note(sh.text())
         self._shifts_noted = len(opt.shifts)
-        if opt.order_notes and not self._order_noted:
-            # the baseline's counters ordered the walk (optimizer/order.py)
-            self._order_noted = True
-            self.store.note(
-                "search order from the baseline's counters: " + "; ".join(opt.order_notes)
-            )
+        # the counters ordered the walk (optimizer/order.py)
+        for note in opt.orderings[self._orders_noted :]:
+            self.store.note(note)
+        self._orders_noted = len(opt.orderings)
         # checkpoint knobs the runs cannot show (optimizer/checkpoints.py): never "no effect"
         for note in list(opt.set_aside.values())[self._aside_noted :]:
             self.store.note(note)

@@ -220,3 +220,31 @@ def test_the_descent_orders_knobs_from_the_baselines_counters() -> None:
         space, {}, replace(DescentSettings(max_trials=40), order_by_counters=False)
     )
     assert plain.order_notes == ()
+
+
+def test_kept_hints_reorder_the_walk_from_their_own_runs() -> None:
+    """The baseline spilled nothing, so work_mem goes last; the hints' config spills (found
+    on TPC-H: work_mem 28 MB and random_page_cost 1.1 changed the plans), so once the hints
+    are kept the walk orders its knobs again from their runs, and work_mem goes first."""
+    space = knob_space(["shared_buffers", "random_page_cost", "work_mem"], HW)
+    start = {"shared_buffers": "128MB", "random_page_cost": "4", "work_mem": "4MB"}
+    hints = {"shared_buffers": "2GB", "random_page_cost": "1.1", "work_mem": "28MB"}
+    opt = CoordinateDescent(
+        space, start, DescentSettings(max_trials=30, run_seconds=30, max_passes=1), hints=hints
+    )
+    tuned: list[str] = []
+    while (cand := opt.suggest()) is not None:
+        hinted = cand.config["random_page_cost"] == "1.1"
+        if cand.knob and cand.role == "candidate":
+            tuned.append(cand.knob)
+        # the hints' config: 30% faster, and its plans spill; the start config's do not
+        counters = {"temp_files": 9.0 if hinted else 0.0, "blks_read": 0.0, "blks_hit": 1e6}
+        opt.register(cand, _run(1300.0 if hinted else 1000.0, 0.0, 30, **counters))
+    first, then = opt.orderings
+    assert first.startswith("search order from the baseline's counters: ")
+    assert "work_mem: no sort or hash spilled to a temp file in the baseline, tried last" in first
+    assert then.startswith(
+        "search order after the hints were kept, from their runs: "
+        "work_mem: 9 temp files in the hints' config, tried first"
+    )
+    assert tuned[0] == "work_mem", tuned

@@ -131,3 +131,34 @@ def test_a_resumed_session_replays_the_counters_to_the_same_walk(
     assert [(t.knob, t.value, t.role) for t in a] == [(t.knob, t.value, t.role) for t in b]
     # each note once, the resumed process did not repeat them
     assert sum(n.startswith("max_wal_size not judged") for n in sess.notes) == 1
+    assert sum(n.startswith("search order") for n in sess.notes) == 1
+
+
+def test_kept_hints_reorder_the_walk_and_the_session_notes_it(db: Database, tmp_path: Path) -> None:
+    """The start config spills nothing; the hints' config does (its random_page_cost of 1.1
+    changes the plans, as on TPC-H): once the hints are kept, work_mem moves from last to
+    first, and the notes say so once."""
+    base = counters(28)
+
+    def spilling(config: Config) -> dict[str, float]:
+        spills = str(config.get("random_page_cost", "4")) != "4"
+        return {**base(config), "temp_files": 9.0 if spills else 0.0}
+
+    knobs = ["shared_buffers", "random_page_cost", "work_mem"]
+    sid = _session(db, 30, knobs=knobs, hints=True, max_trials=40)
+    env = FakeEnv(oltp_surface(), seed=4, metrics=spilling)
+    sess = run_session(db, tmp_path, sid, env)
+    assert sess.status == "succeeded", (sess.error, sess.notes)
+    orders = [n for n in sess.notes if n.startswith("search order")]
+    assert len(orders) == 2, sess.notes
+    assert (
+        "work_mem: no sort or hash spilled to a temp file in the baseline, tried last"
+        in (orders[0])
+    )
+    assert orders[1].startswith("search order after the hints were kept, from their runs: ")
+    # two runs of the hints' config, 9 temp files each
+    assert "work_mem: 18 temp files in the hints' config, tried first" in orders[1]
+    # shared_buffers (busy both times) first, then work_mem, then random_page_cost
+    one_at_a_time = [t.knob for t in trials_of(db, sid) if t.knob and t.role == "candidate"]
+    firsts = list(dict.fromkeys(one_at_a_time))
+    assert firsts[:2] == ["shared_buffers", "work_mem"], one_at_a_time
