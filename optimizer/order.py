@@ -17,8 +17,8 @@ counters (optimizer/counters.py) say which mechanisms the workload exercises:
 mechanism is idle to the back, each with a note; a knob whose counters were not measured
 (another version, no pg_stat_statements) keeps its place. Within each group the given
 order (the catalogue's expected impact) stands. The descent orders its walk again from the
-hints' runs when it keeps them: a kept config can exercise what the start config did not. Pure and deterministic: a replayed session
-orders its knobs the same way.
+hints' runs when it keeps them: a kept config can exercise what the start config did not.
+Pure and deterministic: a replayed session orders its knobs the same way.
 """
 
 from __future__ import annotations
