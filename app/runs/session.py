@@ -182,7 +182,7 @@ class Loaded:
     applied: dict[str, Any]
     resumed: bool
     refused: str | None = None
-    notes: tuple[str, ...] = ()  # what an earlier attempt noted
+    noted: bool = False  # an earlier attempt wrote notes
 
 
 class SessionRunner:
@@ -254,7 +254,7 @@ class SessionRunner:
                 snapshot=sess.snapshot,
                 applied=dict(sess.applied or {}),
                 resumed=sess.attempts > 0,
-                notes=tuple(sess.notes or ()),
+                noted=bool(sess.notes),
             )
             ctl = self.env.target(target, self.settings)
         return loaded, ctl
@@ -384,11 +384,10 @@ class SessionRunner:
         self._evidence_noted = replayed > 0 and opt.evidence != "auto"  # noted before a crash
         # A resumed session keeps what its earlier attempt noted (the counts above skip
         # those notes; writing the start notes again erased them).
-        kept = loaded.resumed and bool(loaded.notes)
         store.update(
             start_config=start,
             trials_planned=opt.planned_trials(),
-            **({} if kept else {"notes": notes}),
+            **({} if loaded.resumed and loaded.noted else {"notes": notes}),
         )
         if replayed:
             log.info("session %s: resumed after %d stored trials", self.session_id, replayed)

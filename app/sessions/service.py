@@ -123,7 +123,8 @@ def list_sessions(
 
 def cancel_session(db: Database, session_id: int) -> TuningSession:
     with db.session() as s:
-        # never started: nothing on the target to restore
+        # one never started ends now (nothing on the target to restore); a running one is
+        # flagged, and its runner restores the target
         outcome = request_cancel(s, TuningSession, to_id(session_id), "cancelling")
         sess = s.get(TuningSession, to_id(session_id))
         if sess is None:
