@@ -1,5 +1,5 @@
 """bench/e2e.py as the TPC-C pages (C1: a session, then the comparison; C2: on profile
-small) show it, run small
+small, and its default against itself) show it, run small
 (tests/docs/results_cmds.py).
 
 One module per page group: the suite hands out whole modules to its workers."""
@@ -24,6 +24,11 @@ from tests.helpers import needs_cgroups
         pytest.param(
             "results-tpcc-c2-small",
             "bench/results/e2e-C2-small-1800.json",
+            marks=needs_cgroups,
+        ),
+        pytest.param(
+            "results-tpcc-c2-spread",
+            "bench/results/e2e-C2-small-spread.json",
             marks=needs_cgroups,
         ),
     ],
