@@ -35,7 +35,12 @@ def test_tune_tpch_keeps_the_power_test_single_client(user_dir: Path, staging: S
     assert res.returncode == 0, res.stderr
     block = command("tune-tpch")
     small = replace(block, "--scale 0.2", "--scale 0.01")
-    small = replace(small, "--duration 40", "--duration 6 --knobs work_mem --max-trials 11")
+    # the shortest session the budget check allows: 7 runs of 3 s with a final check of 2
+    small = replace(
+        small,
+        "--duration 40",
+        "--duration 3 --knobs work_mem --max-trials 7 --final-check-runs 2",
+    )
     res = bash(small, user_dir, 500)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "clients=8" not in res.stderr

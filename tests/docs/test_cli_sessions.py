@@ -30,7 +30,7 @@ def test_targets_cancel_export_and_rollback_with_yes(user_dir: Path, staging: Sa
     res = knobtune(
         "tune", "--target", "staging", "--script", "s.sql", "--knobs", "work_mem",
         "--duration", "2", "--warmup", "1", "--clients", "2", "--jobs", "1",
-        "--max-trials", "11", cwd=user_dir, timeout=400,
+        "--max-trials", "7", "--final-check-runs", "2", cwd=user_dir, timeout=400,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     before = file_settings(staging.dsn)
