@@ -72,6 +72,15 @@ _SETTINGS_SQL = (
 )
 
 
+MIN_STATEMENT_TIMEOUT_MS = 1000
+_TIMEOUT_SQL = "SELECT setting::int FROM pg_settings WHERE name = 'statement_timeout'"
+_TOO_SHORT = (
+    "the target cancels knobtune's queries ({said}): a statement_timeout from the DSN's "
+    "options or the role's settings is too short; remove options='-c statement_timeout=...' "
+    "from the DSN (or ALTER ROLE ... RESET statement_timeout)"
+)
+
+
 class TargetError(Exception):
     """Base of target failures; messages never contain a password."""
 
@@ -384,12 +393,8 @@ class TargetController:
         try:
             return self._probe(names)
         except pg_errors.QueryCanceled:
-            raise TargetError(
-                "the target cancels knobtune's queries (57014 canceling statement due to "
-                "statement timeout): a statement_timeout from the DSN's options or the "
-                "role's settings is too short; remove options='-c statement_timeout=...' "
-                "from the DSN (or ALTER ROLE ... RESET statement_timeout)"
-            ) from None
+            said = "57014 canceling statement due to statement timeout"
+            raise TargetError(_TOO_SHORT.format(said=said)) from None
         except psycopg.Error as exc:
             said = primary_message(str(exc), [password_of(self.dsn) or ""])
             raise TargetError(
@@ -400,6 +405,11 @@ class TargetController:
     def _probe(self, names: Sequence[str]) -> Probe:
         names = [n.strip().lower() for n in names]
         with self._connect() as conn:
+            # A timeout under a second cancels knobtune's own statements (ALTER SYSTEM, a
+            # workload's reset) at random: refused whether or not this probe's are quick.
+            timeout_ms = int(_one(conn, _TIMEOUT_SQL))
+            if 0 < timeout_ms < MIN_STATEMENT_TIMEOUT_MS:
+                raise TargetError(_TOO_SHORT.format(said=f"statement_timeout {timeout_ms} ms"))
             version_num = int(_one(conn, "SHOW server_version_num"))
             version = str(_one(conn, "SELECT version()"))  # "PostgreSQL 15.2 on ..."
             is_superuser = str(_one(conn, "SELECT current_setting('is_superuser')")) == "on"
