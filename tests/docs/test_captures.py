@@ -98,9 +98,7 @@ def test_capture_replay_workflow(user_dir: Path) -> None:
         # 4: tune on the capture
         tune = command("captures-tune")
         # runs of 4 s: the replay's first 4 s of the 10 s capture (60 s runs replay all of it)
-        small = replace(
-            tune, "--speed 1", "--speed 1 --duration 4 --knobs work_mem --max-trials 5"
-        )
+        small = replace(tune, "--speed 1", "--speed 1 --duration 4 --knobs work_mem --max-trials 5")
         res = bash(small + " --final-check-runs 0", user_dir, 300, **env)
         assert res.returncode == 0, res.stderr[-3000:]
 
