@@ -92,6 +92,7 @@ rebuilds exactly the same state and the same next suggestion.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -106,7 +107,10 @@ from optimizer.render import KnobNote, Recommendation
 from optimizer.settings import DescentSettings as DescentSettings
 from optimizer.settings import Evidence
 from optimizer.steps import Steps
-from optimizer.verdict import Verdict, compare
+from optimizer.verdict import Verdict, compare, detectable_gain
+
+RESOLUTION = "what these runs could show"
+"""How the note on the smallest effect a session could see begins (exports find it by it)."""
 
 Role = Literal["baseline", "candidate", "incumbent", "final-baseline", "final-incumbent"]
 Claim = Literal["none", "confirmed", "not-credible", "no-change", "unconfirmed"]
@@ -422,6 +426,37 @@ class CoordinateDescent:
         if self.checked:
             base, inc = self._final["final-baseline"], self._final["final-incumbent"]
         return self._judge(keys, base, inc)
+
+    def resolution(self) -> str | None:
+        """When nothing is recommended: the smallest gain this session's runs could have
+        kept (:func:`~optimizer.verdict.detectable_gain`), so that "no change" is not read
+        as "no effect". None when a change is recommended or the start config has fewer
+        than two runs (no scatter of its own to read)."""
+        if self.claim not in ("none", "no-change"):
+            return None
+        key = self._key(self._baseline)
+        base = self._ledger.runs.get(key, [])
+        if len(base) < 2:
+            return None
+        # the most runs the walk gave one candidate (the final check's are not a candidate's)
+        nc = max((v.runs[1] for _t, _k, _x, v in self._verdicts), default=1)
+        nc = max(nc, 1)
+        run_sd, prior_df = self._ledger.noise((key,))
+        lower = self.objective_spec.lower_is_better
+        gain = detectable_gain(
+            base, nc, min_gain=self.min_gain, alpha=self.settings.alpha, run_sd=run_sd,
+            prior_df=prior_df, lower_is_better=lower,
+        )  # fmt: skip
+        centres = [r.stat.centre for r in base]
+        mean = sum(centres) / len(centres)
+        sd = math.sqrt(sum((c - mean) ** 2 for c in centres) / (len(centres) - 1))
+        better = "less time" if lower else "better"
+        return (
+            f"{RESOLUTION}: a change had to measure about {gain:.0%} {better} "
+            f"to be kept with {nc} run(s) of a candidate against the start config's "
+            f"{len(base)} (runs of the start config spread by {math.expm1(sd):.0%} (sd), "
+            f"the server's run-to-run noise); smaller effects were not ruled out"
+        )
 
     def planned_trials(self) -> int:
         """Rough total number of trials for an ETA: what the walk would take, within budget."""

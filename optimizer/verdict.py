@@ -238,6 +238,39 @@ def compare(
     )  # fmt: skip
 
 
+def detectable_gain(
+    incumbent: Sequence[Run],
+    candidate_runs: int,
+    *,
+    min_gain: float = 0.02,
+    alpha: float = ALPHA,
+    run_sd: float = RUN_SD,
+    prior_df: float = PRIOR_DF,
+    lower_is_better: bool = False,
+) -> float:
+    """The smallest gain :func:`compare` keeps for a candidate of ``candidate_runs`` runs
+    against ``incumbent``, if the candidate's runs scatter as the incumbent's do.
+
+    What a session that kept nothing could have seen: effects below it were not ruled
+    out. The variance is :func:`compare`'s (the prior pooled with the incumbent's scatter,
+    scaled to both sides' degrees of freedom, plus the within-run variance), and the gain
+    is where the one-sided t test reaches ``alpha``; never below ``min_gain``.
+    """
+    if not incumbent or candidate_runs < 1:
+        raise ValueError("need at least one run of the incumbent and one of a candidate")
+    ni, nc = len(incumbent), candidate_runs
+    y = np.array([r.stat.centre for r in incumbent])
+    w_bar = float(np.mean([r.stat.within_var for r in incumbent]))
+    df = ni + nc - 2
+    rss = float(((y - y.mean()) ** 2).sum()) * df / (ni - 1) if ni > 1 else 0.0
+    prior_var = run_sd**2 + w_bar
+    var = (prior_df * prior_var + rss) / (prior_df + df) if prior_df + df > 0 else prior_var
+    var = max(var, w_bar, 1e-12)
+    se = math.sqrt(var * (1 / ni + 1 / nc))
+    q = t_ppf(1 - alpha, prior_df + df) if prior_df + df > 0 else float(special.ndtri(1 - alpha))
+    return max(_gain(q * se, lower_is_better), min_gain)
+
+
 def adjacent_pairs(
     incumbent: Sequence[Run], candidate: Sequence[Run], gap: float = 2.0
 ) -> list[tuple[Run, Run]]:

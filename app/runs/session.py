@@ -316,6 +316,9 @@ class SessionRunner:
                 self.store.note(prepared.optimizer.undecided)
             if prepared.optimizer.final_verdict is not None:
                 self.store.note(final_check_text(prepared.optimizer))
+            resolution = prepared.optimizer.resolution()
+            if resolution:  # nothing recommended: how small an effect these runs could see
+                self.store.note(resolution)
             reason = prepared.optimizer.stop_reason or ""
             if reason.startswith("baseline runs failed"):
                 why = reason.partition(": ")[2] or (

@@ -15,6 +15,7 @@ from app.db import Database
 from app.errors import ServiceError
 from app.models import Sweep, Trial, TuningSession
 from app.sessions.service import best_vs_start, get_session, list_trials, pair
+from app.sessions.summary import resolution_note
 from app.sweeps.service import sweep_header
 from app.targets.service import get_target
 from app.tuning import gain_text
@@ -64,6 +65,9 @@ def recommendation(db: Database, session_id: int) -> Recommendation:
     labels, streams, status = best_vs_start(sess, trials)
     header.update(evidence_header(labels, streams, status))
     header.update(io_header(trials, sess.start_config, sess.best_config))
+    seen = resolution_note(sess.notes)
+    if seen:  # nothing recommended: the smallest effect the runs could have shown
+        header["resolution"] = seen
     return Recommendation.from_trials(
         objective=objective,
         original=sess.start_config,

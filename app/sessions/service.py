@@ -16,7 +16,7 @@ from app.models import Target, Trial, TuningSession
 from app.preflight import PreflightError, check_workload
 from app.runs.heartbeat import request_cancel
 from app.schemas import Progress, SessionIn, SessionOut, TrialOut
-from app.sessions.summary import headline, summary
+from app.sessions.summary import headline, resolution_note, summary
 from app.targets.holds import server_holder
 from app.targets.service import ensure_server_id
 from app.tuning import (
@@ -211,6 +211,7 @@ def session_out(
             best=sess.best_config,
             trials=done,
             error=sess.error,
+            resolution=resolution_note(sess.notes),
         ),
         target_name=name,
         per_label=labels,

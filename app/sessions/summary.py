@@ -14,6 +14,7 @@ from typing import Any
 
 from app.chart import readable
 from app.evidence import streams_from_json
+from optimizer.descent import RESOLUTION
 from optimizer.evidence import FLOOR, Objective, run_level
 
 TIME_OBJECTIVES = ("latency_p95", "query_time_geomean", "query_time_total", "latency_mean")
@@ -68,8 +69,12 @@ def summary(
     best: Mapping[str, str] | None,
     trials: int,
     error: str | None = None,
+    resolution: str | None = None,
 ) -> str:
-    """One plain paragraph: what was found, how sure it is, and what to do next."""
+    """One plain paragraph: what was found, how sure it is, and what to do next.
+
+    ``resolution``: the session's note on the smallest effect its runs could have shown
+    (:func:`resolution_note`), said where nothing is recommended."""
     if status == "queued":
         return "Waiting to start: the session runs as soon as the scheduler picks it up."
     said = headline(objective, gain, ci)
@@ -109,17 +114,25 @@ def summary(
             "not complete, so that figure compares runs minutes apart and may be drift. Next: "
             "run the session again with room for the final check before applying anything."
         )
+    seen = f" {resolution[0].upper()}{resolution[1:]}." if resolution else ""
     if gain_status == "no-change":
         return (
             f"{ended}No change recommended: the final check did not show the search's best "
-            "config better than your current one by more than the noise and min_gain. Next: "
-            "keep your settings; try other knobs or a workload closer to production."
+            f"config better than your current one by more than the noise and min_gain.{seen} "
+            "Next: keep your settings; try other knobs or a workload closer to production."
         )
     return (
         f"{ended}No change recommended: nothing beat the current config by more than the "
-        f"noise in {trials} benchmark run(s). Next: keep your settings; try other knobs, or "
-        "a longer session if you expect a small effect."
+        f"noise in {trials} benchmark run(s).{seen} Next: keep your settings; try other "
+        "knobs, or a longer session if you expect a small effect."
     )
+
+
+def resolution_note(notes: Sequence[object] | None) -> str | None:
+    """The session's note on the smallest effect its runs could have shown, if any
+    (optimizer/descent.py ``resolution``: written when nothing is recommended)."""
+    seen = [str(n) for n in notes or [] if str(n).startswith(RESOLUTION)]
+    return seen[-1] if seen else None
 
 
 # -- the chart's unit ------------------------------------------------------------------------

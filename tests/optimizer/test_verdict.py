@@ -9,7 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from optimizer.verdict import Run, RunStat, adjacent_pairs, compare, compare_paired, judge, run_stat
+from optimizer.verdict import (
+    Run,
+    RunStat,
+    adjacent_pairs,
+    compare,
+    compare_paired,
+    detectable_gain,
+    judge,
+    run_stat,
+)
 from tests.optimizer.sim import Bench, Noise
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "pgbench-noise.json"
@@ -161,3 +170,33 @@ def test_pairs_are_runs_next_to_each_other() -> None:
     # nothing adjacent: the unpaired verdict decides
     v = compare_paired(inc[:1], [far])
     assert v == compare(inc[:1], [far])
+
+
+def _runs(centres: list[float], start: int = 0, within: float = 1e-4) -> list[Run]:
+    return [Run(float(start + i), RunStat(c, within, 30)) for i, c in enumerate(centres)]
+
+
+@pytest.mark.parametrize("lower_is_better", [False, True])
+def test_the_detectable_gain_is_where_compare_starts_keeping(lower_is_better: bool) -> None:
+    """A candidate whose runs scatter as the incumbent's do, shifted by just over the
+    detectable gain, is kept; shifted by just under it, it is not."""
+    scatter = [0.0, 0.12, -0.09, 0.05, -0.08]
+    inc = _runs(scatter)
+    g = detectable_gain(inc, len(scatter), min_gain=0.0, lower_is_better=lower_is_better)
+    d = -np.log1p(-g) if lower_is_better else np.log1p(g)
+    for factor, kept in ((1.02, True), (0.98, False)):
+        # levels are "higher is better" for every objective (a time's is the log of 1/time)
+        cand = _runs([c + factor * d for c in scatter], start=len(scatter))
+        v = compare(inc, cand, min_gain=0.0, lower_is_better=lower_is_better)
+        assert v.keep is kept, (factor, v)
+
+
+def test_more_scatter_or_fewer_runs_hide_larger_effects() -> None:
+    quiet = _runs([0.0, 0.02, -0.02, 0.01])
+    noisy = _runs([0.0, 0.2, -0.2, 0.1])
+    assert detectable_gain(noisy, 3) > detectable_gain(quiet, 3)
+    assert detectable_gain(quiet, 1) > detectable_gain(quiet, 3) > detectable_gain(quiet, 6)
+    # never below min_gain, however quiet
+    assert detectable_gain(_runs([0.0] * 8), 6, min_gain=0.05, run_sd=0.001) == 0.05
+    with pytest.raises(ValueError):
+        detectable_gain(quiet, 0)

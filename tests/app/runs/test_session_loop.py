@@ -18,6 +18,8 @@ import pytest
 from app.db import Database
 from app.models import Trial
 from app.runs.store import SessionStore
+from app.sessions.export import export
+from app.sessions.service import get_session, session_out
 from tests.app.runs.fake import (
     FakeEnv,
     Faults,
@@ -104,6 +106,15 @@ def test_nothing_to_gain_recommends_no_change(db: Database, tmp_path: Path) -> N
     assert sess.gain_status in ("none", "no-change")
     trials = trials_of(db, sid)
     assert len(trials) <= 20
+    # "no change" is not "no effect": the session says how small an effect it could see
+    (seen,) = [n for n in sess.notes if n.startswith("what these runs could show")]
+    assert "smaller effects were not ruled out" in seen
+    for fmt in ("conf", "sql", "json"):  # and so does every export
+        assert seen in export(db, sid, fmt), fmt
+    # and the session's plain summary (the API, the CLI, the dashboard)
+    text = session_out(db, get_session(db, sid)).summary
+    assert text is not None
+    assert "What these runs could show:" in text, text
 
 
 def test_a_crash_resumes_by_replay_to_exactly_the_uninterrupted_session(
