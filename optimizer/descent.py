@@ -451,8 +451,9 @@ class CoordinateDescent:
         mean = sum(centres) / len(centres)
         sd = math.sqrt(sum((c - mean) ** 2 for c in centres) / (len(centres) - 1))
         better = "less time" if lower else "better"
+        floor = " (the session's min_gain)" if gain <= self.min_gain else ""
         return (
-            f"{RESOLUTION}: a change had to measure about {gain:.0%} {better} "
+            f"{RESOLUTION}: a change had to measure about {gain:.0%} {better}{floor} "
             f"to be kept with {nc} run(s) of a candidate against the start config's "
             f"{len(base)} (runs of the start config spread by {math.expm1(sd):.0%} (sd), "
             f"the server's run-to-run noise); smaller effects were not ruled out"

@@ -31,8 +31,11 @@ SESSIONS: dict[str, dict[str, Any]] = {
     # work_mem above 4MB halves this script's time: the hint is kept and confirmed
     "confirmed": {"knobs": ["work_mem"], "max_trials": 11,
                   "workload": {"builtin": None, "scripts": [{"sql": WORK_MEM_SQL}], **QUICK}},
-    # nothing in this workload depends on random_page_cost: no change
+    # nothing in this workload depends on random_page_cost: no change. min_gain 50%: the
+    # page is what is tested here, not the verdict's error rate (a no-op kept by chance
+    # once ended "not-credible" on a loaded CI host; docs/results/search-quality.md)
     "no-change": {"knobs": ["random_page_cost"], "max_trials": 11, "hints": False,
+                  "min_gain": 0.5,
                   "workload": {"builtin": None, "scripts": [{"sql": "SELECT 1;"}], **QUICK}},
     # the same gain, but no final check: unconfirmed
     "unconfirmed": {"knobs": ["work_mem"], "max_trials": 6, "final_check_runs": 0,
@@ -111,6 +114,8 @@ def test_a_session_page_for_each_outcome(server: Server, tmp_path: Path) -> None
                 assert result.count("%") == 1, result
             if outcome == "no-change":
                 assert result == "no change"
+                # and how small an effect the runs could have shown: not "no effect"
+                assert "What these runs could show:" in summary, summary
             apply = page.locator("#apply-button").count()
             assert apply == (1 if outcome in ("confirmed", "unconfirmed") else 0), outcome
             page.screenshot(path=str(shots / f"session-{outcome}.png"))
