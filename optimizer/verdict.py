@@ -226,16 +226,21 @@ def compare(
     beta = inv @ x.T @ y
     resid = y - x @ beta
     df = len(runs) - 2
-    rss = float(resid @ resid)
-    w_bar = float(w.mean())
-    prior_var = run_sd**2 + w_bar
-    var = (prior_df * prior_var + rss) / (prior_df + df) if prior_df + df > 0 else prior_var
-    var = max(var, w_bar, 1e-12)
+    var = _moderated_var(float(resid @ resid), df, float(w.mean()), run_sd, prior_df)
     se = math.sqrt(var * float(inv[1, 1]))
     return _decide(
         incumbent, candidate, float(beta[1]), se, prior_df + df, adjacent,
         min_gain=min_gain, alpha=alpha, lower_is_better=lower_is_better, limits=limits,
     )  # fmt: skip
+
+
+def _moderated_var(rss: float, df: int, w_bar: float, run_sd: float, prior_df: float) -> float:
+    """A run level's variance: the prior drift (``run_sd``, worth ``prior_df`` degrees of
+    freedom) plus the mean within-run variance ``w_bar``, pooled with the runs' scatter
+    (``rss`` on ``df`` degrees of freedom); never below ``w_bar``."""
+    prior_var = run_sd**2 + w_bar
+    var = (prior_df * prior_var + rss) / (prior_df + df) if prior_df + df > 0 else prior_var
+    return max(var, w_bar, 1e-12)
 
 
 def detectable_gain(
@@ -263,10 +268,7 @@ def detectable_gain(
     w_bar = float(np.mean([r.stat.within_var for r in incumbent]))
     df = ni + nc - 2
     rss = float(((y - y.mean()) ** 2).sum()) * df / (ni - 1) if ni > 1 else 0.0
-    prior_var = run_sd**2 + w_bar
-    var = (prior_df * prior_var + rss) / (prior_df + df) if prior_df + df > 0 else prior_var
-    var = max(var, w_bar, 1e-12)
-    se = math.sqrt(var * (1 / ni + 1 / nc))
+    se = math.sqrt(_moderated_var(rss, df, w_bar, run_sd, prior_df) * (1 / ni + 1 / nc))
     q = t_ppf(1 - alpha, prior_df + df) if prior_df + df > 0 else float(special.ndtri(1 - alpha))
     return max(_gain(q * se, lower_is_better), min_gain)
 
