@@ -312,6 +312,8 @@ class SessionRunner:
                 return
             prepared = self._prepare(ctl, body)
             self._loop(prepared)
+            # the loop can end on a decision no trial carried (a final check the budget cut)
+            self.store.settle(prepared.optimizer)
             if prepared.optimizer.undecided:  # a lead the budget cut off, labelled as such
                 self.store.note(prepared.optimizer.undecided)
             if prepared.optimizer.final_verdict is not None:

@@ -17,6 +17,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sqlalchemy import select, update
@@ -108,6 +109,20 @@ class SessionStore:
 
         if self.retrying("updating the session", write) == 0:
             raise LeaseLost
+
+    def settle(self, opt: CoordinateDescent) -> None:
+        """Write the optimizer's best config and claim without a trial: a final check the
+        time budget ended decides (no change, or the gain it measured) after its last
+        trial was stored, and the API, the exports and apply must say what it decided."""
+
+        def write() -> None:
+            with self.db.session() as s:
+                sess = s.get(TuningSession, self.session_id, with_for_update=True)
+                if sess is None or sess.lease_owner != self.owner:
+                    raise LeaseLost
+                _State.of(opt).write(sess, s)
+
+        self.retrying("storing the session's result", write)
 
     def phase(self, phase: str) -> None:
         log.info("session %s: %s", self.session_id, phase)
@@ -217,10 +232,7 @@ class SessionStore:
             drift=any(sh.trial == cand.index for sh in opt.shifts),
             host=out.host,
         )
-        incumbent = opt.incumbent
-        claim = claim_columns(opt)
-        # re-estimated after every trial: the check's room grows once something is kept
-        planned = opt.planned_trials()
+        state = _State.of(opt)
         first = True
 
         def write() -> None:
@@ -232,12 +244,9 @@ class SessionStore:
                     if sess is None or sess.lease_owner != self.owner:
                         raise LeaseLost
                     s.add(trial)
-                    sess.trials_planned = planned
                     sess.benchmark_s = (sess.benchmark_s or 0.0) + out.timings.get("bench_s", 0.0)
                     s.flush()
-                    summarize(sess, s, incumbent)
-                    for k, v in claim.items():
-                        setattr(sess, k, v)
+                    state.write(sess, s)
             except IntegrityError:
                 # A retry after a commit whose acknowledgement was lost: the row is there.
                 if not retry or not self.trial_stored(cand.index + 1):
@@ -253,6 +262,27 @@ def verdict_text(verdict: Verdict | None, rejected: str | None) -> str | None:
     if verdict is None:
         return None  # more runs needed
     return "keep" if verdict.keep else "revert"
+
+
+@dataclass(frozen=True)
+class _State:
+    """What the session row says of the optimizer: best config, claim, planned trials."""
+
+    incumbent: dict[str, str]
+    claim: dict[str, Any]
+    planned: int
+
+    @classmethod
+    def of(cls, opt: CoordinateDescent) -> _State:
+        # planned: re-estimated after every trial (the check's room grows once something
+        # is kept)
+        return cls(dict(opt.incumbent), claim_columns(opt), opt.planned_trials())
+
+    def write(self, sess: TuningSession, s: Any) -> None:
+        sess.trials_planned = self.planned
+        summarize(sess, s, self.incumbent)
+        for k, v in self.claim.items():
+            setattr(sess, k, v)
 
 
 def claim_columns(opt: CoordinateDescent) -> dict[str, Any]:

@@ -329,3 +329,38 @@ def test_a_lead_the_time_budget_cut_off_is_noted_as_undecided(db: Database, tmp_
     assert final.best_config["work_mem"] != value  # the lead was not kept
     assert "95% CI" in undecided[0]
     assert "Not kept and not confirmed" in undecided[0]
+
+
+class _Fading:
+    """A surface whose knobs stop mattering after ``after`` runs: what the walk kept
+    measures no better in a final check that comes later (drift, the winner's curse)."""
+
+    def __init__(self, surface: Any, after: int) -> None:
+        self.surface, self.after, self.calls = surface, after, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.surface, name)
+
+    def true(self, config: Any) -> float:
+        self.calls += 1
+        return float(self.surface.true(config if self.calls <= self.after else self.start))
+
+
+def test_a_final_check_the_budget_cut_stores_what_it_decided(db: Database, tmp_path: Path) -> None:
+    """The time budget ends the final check after its last stored trial, and the check
+    rejects the walk's best: the API's best config and claim say "no change", as the notes
+    do (they said 'unconfirmed' with the rejected config: C2 on profile small, 2026-11-27).
+    Seed 2 is one where the cut check measures the kept work_mem no better (-0.3%)."""
+    s = _Fading(reporting_surface(), after=4)
+    sid = _session(db, s, knobs=["work_mem"], hints=False, max_trials=100,
+                   time_budget_s=200, seed=2)  # fmt: skip
+    final = run_session(db, tmp_path, sid, FakeEnv(s, seed=2))
+    assert final.status == "succeeded", final.error
+    assert "time budget: final check ended after 10 trials" in final.notes
+    assert any("below min_gain: recommending no change" in n for n in final.notes), final.notes
+    assert final.gain_status == "no-change"
+    assert final.best_config == final.start_config
+    out = session_out(db, get_session(db, sid))
+    assert out.summary is not None
+    assert out.summary.startswith("No change recommended"), out.summary
+    assert "What these runs could show:" in out.summary
