@@ -71,6 +71,7 @@ COMMANDS: dict[str, str] = {
     "results-tpcc-c1-compare": _E2E.format("tpcc"),
     "results-tpcc-c2-small": _E2E.format("tpcc"),
     "results-tpcc-c2-spread": _E2E.format("tpcc"),
+    "results-tpcc-c2-600": _E2E.format("tpcc"),
     "results-chbench-ch1": _E2E.format("tpch"),
     "results-e2e": _E2E.format("oltp"),
     "results-tpcb-b1-small": _E2E.format("oltp"),

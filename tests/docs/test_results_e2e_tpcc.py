@@ -27,6 +27,11 @@ from tests.helpers import needs_cgroups
             marks=needs_cgroups,
         ),
         pytest.param(
+            "results-tpcc-c2-600",
+            "bench/results/e2e-C2-small-600.json",
+            marks=needs_cgroups,
+        ),
+        pytest.param(
             "results-tpcc-c2-spread",
             "bench/results/e2e-C2-small-spread.json",
             marks=needs_cgroups,
