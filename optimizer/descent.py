@@ -439,8 +439,7 @@ class CoordinateDescent:
         if len(base) < 2:
             return None
         # the most runs the walk gave one candidate (the final check's are not a candidate's)
-        nc = max((v.runs[1] for _t, _k, _x, v in self._verdicts), default=1)
-        nc = max(nc, 1)
+        nc = max([1, *(v.runs[1] for _t, _k, _x, v in self._verdicts)])
         run_sd, prior_df = self._ledger.noise((key,))
         lower = self.objective_spec.lower_is_better
         gain = detectable_gain(
