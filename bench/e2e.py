@@ -438,8 +438,7 @@ def in_cgroup(sb: Sandbox) -> dict[str, Any] | None:
     if cg is None:
         return None
     server = sb.postmaster_pids()
-    inside = cg.pids()
-    outside = sb.outside(server, inside)
+    outside = sb.outside(server, cg.pids)
     return {
         "cgroup": cg.name,
         "server_processes": len(server),

@@ -180,6 +180,26 @@ def _cgroups_missing() -> str | None:
     return None
 
 
+def assert_in_cgroup(sb: Sandbox, dsn: str | None = None) -> None:
+    """The postmaster and all its children are in each controller's part of the
+    sandbox's cgroup (a child still being forked is read again: Sandbox.outside); with
+    ``dsn``, a backend forked now is inside too."""
+    cg = sb.cgroup
+    assert cg is not None
+    assert sb.postmaster_pids()
+    for f in cg.procs_files():
+        outside = sb.outside(
+            sb.postmaster_pids(), lambda f=f: {int(x) for x in f.read_text().split()}
+        )
+        assert not outside, f"{outside} outside {f}"
+    if dsn is None:
+        return
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        assert int(row[0]) in cg.pids()
+
+
 NO_CGROUPS = _cgroups_missing()
 # Tests of real limits: skipped only where the host genuinely has no writable cgroups.
 needs_cgroups = pytest.mark.skipif(

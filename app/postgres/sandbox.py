@@ -36,7 +36,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -586,11 +586,19 @@ class Sandbox:
                     out.add(int(stat.parent.name))
         return out
 
-    def outside(self, listed: set[int], inside: set[int]) -> set[int]:
-        """Of ``listed`` (:meth:`postmaster_pids`), those not in ``inside`` (a cgroup's
-        processes, read after the listing) that are still the server's now: a child that
-        exited between the two reads (a short-lived backend) is gone, not outside."""
-        return (listed - inside) & self.postmaster_pids()
+    def outside(
+        self, listed: set[int], read_inside: Callable[[], set[int]], settle_s: float = 0.5
+    ) -> set[int]:
+        """Of ``listed`` (:meth:`postmaster_pids`), those not in the cgroup ``read_inside``
+        reads (after the listing) that are still the server's now. A child that exited
+        between the reads (a short-lived backend) is gone, not outside; one being forked
+        is in /proc before the kernel links it into its parent's cgroup (on a busy host
+        for a while), so a missing pid is read again after ``settle_s`` before it counts."""
+        missing = (listed - read_inside()) & self.postmaster_pids()
+        if missing:
+            time.sleep(settle_s)
+            missing = (missing - read_inside()) & self.postmaster_pids()
+        return missing
 
     def adopt(self) -> int:
         """Move a running server that is outside its cgroup into it (started by hand, or

@@ -35,6 +35,7 @@ from app.postgres.cgroups import (
 from app.postgres.restart import run as run_restart
 from app.postgres.sandbox import Sandbox
 from app.postgres.target import TargetController, _may_read_files, _read_server_files
+from tests.helpers import assert_in_cgroup
 
 
 def _v1_writable() -> str | None:
@@ -213,19 +214,6 @@ def _backend_pid(sb: Sandbox) -> int:
         return int(row[0])
 
 
-def _in_cgroup(sb: Sandbox) -> None:
-    cg = sb.cgroup
-    assert cg is not None
-    for f in cg.procs_files():
-        inside = {int(x) for x in f.read_text().split()}
-        missing = sb.postmaster_pids() - inside
-        assert not missing, f"{missing} outside {f}"
-    with psycopg.connect(sb.dsn) as conn:  # a backend forked now is inside too
-        row = conn.execute("SELECT pg_backend_pid()").fetchone()
-        assert row is not None
-        assert int(row[0]) in cg.pids()
-
-
 @live
 def test_limits_are_in_force_and_survive_restarts(capped: Sandbox) -> None:
     cg = capped.cgroup
@@ -238,20 +226,20 @@ def test_limits_are_in_force_and_survive_restarts(capped: Sandbox) -> None:
     assert f"{dev} 50" in (blk / "blkio.throttle.write_iops_device").read_text()
     assert f"{dev} 20000000" in (blk / "blkio.throttle.read_bps_device").read_text()
     assert (root / "cpu" / cg.name / "cpu.cfs_quota_us").read_text().strip() == "100000"
-    _in_cgroup(capped)
+    assert_in_cgroup(capped, capped.dsn)
     first = capped._postmaster_pid()
 
     # the service's restart path: the sandbox's own pg_ctl method (as the data dir's owner)
     run_restart(capped.restart_method)
     assert capped._postmaster_pid() != first
-    _in_cgroup(capped)
+    assert_in_cgroup(capped, capped.dsn)
 
     # Sandbox.restart() and stop/start
     capped.restart()
-    _in_cgroup(capped)
+    assert_in_cgroup(capped, capped.dsn)
     capped.stop()
     capped.start()
-    _in_cgroup(capped)
+    assert_in_cgroup(capped, capped.dsn)
 
     capped.destroy()
     for c in ("memory", "blkio", "cpu"):
@@ -267,7 +255,7 @@ def test_a_running_server_outside_its_cgroup_is_moved_in(capped: Sandbox) -> Non
         (cgroups.CGROUP_ROOT / c / "cgroup.procs").write_text(str(pm))
     assert pm not in cg.pids()
     assert capped.adopt() >= 1
-    _in_cgroup(capped)
+    assert_in_cgroup(capped, capped.dsn)
 
 
 def _fdatasync_ms(procs: list[Path], where: Path, n: int = 15) -> float:

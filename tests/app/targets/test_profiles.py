@@ -26,7 +26,7 @@ from app.targets.access import controller_for
 from app.targets.sandboxes import start_sandboxes
 from app.tuning import hardware_from
 from optimizer.heuristic import pgtune
-from tests.helpers import needs_cgroups
+from tests.helpers import assert_in_cgroup, needs_cgroups
 
 live = needs_cgroups
 
@@ -52,15 +52,6 @@ def _row(client: TestClient, target_id: int) -> Target:
         assert row is not None
         s.expunge(row)
         return row
-
-
-def _in_cgroup(sb: Sandbox, cg: Cgroup) -> None:
-    pids = sb.postmaster_pids()
-    assert pids
-    for f in cg.procs_files():
-        inside = {int(x) for x in f.read_text().split()}
-        outside = sb.outside(pids, inside)
-        assert not outside, f"{outside} outside {f}"
 
 
 def _names(client: TestClient) -> set[str]:
@@ -143,7 +134,7 @@ def test_profile_sandbox_lifecycle(client: TestClient, settings: Settings) -> No
     mem = cgroups.CGROUP_ROOT / "memory" / cg.name / "memory.limit_in_bytes"
     assert int(mem.read_text()) == GIB
     sb = Sandbox.open(root)
-    _in_cgroup(sb, cg)
+    assert_in_cgroup(sb)
 
     # A restart by the service's own path (a postmaster knob, as a session applies it).
     ctl = controller_for(row, settings)
@@ -152,9 +143,9 @@ def test_profile_sandbox_lifecycle(client: TestClient, settings: Settings) -> No
     res = ctl.apply({"shared_buffers": "64MB"})
     assert res.restarted
     assert sb.postmaster_pids().isdisjoint(first)
-    _in_cgroup(sb, cg)
+    assert_in_cgroup(sb)
     ctl.revert(snap)
-    _in_cgroup(sb, cg)
+    assert_in_cgroup(sb)
 
     # The service starts again after the host rebooted: the sandbox is down, its cgroup
     # gone. start_sandboxes() makes the cgroup from the stored profile and starts it inside.
@@ -163,7 +154,7 @@ def test_profile_sandbox_lifecycle(client: TestClient, settings: Settings) -> No
     assert not cg.exists()
     start_sandboxes(client.app.state.db)  # type: ignore[attr-defined]
     assert int(mem.read_text()) == GIB
-    _in_cgroup(sb, cg)
+    assert_in_cgroup(sb)
     with psycopg.connect(row.dsn) as conn:  # a backend forked now is inside too
         pid = conn.execute("SELECT pg_backend_pid()").fetchone()
         assert pid is not None
