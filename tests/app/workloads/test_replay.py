@@ -220,21 +220,6 @@ def test_the_stream_is_the_labels_of_the_window_weighted_by_calls() -> None:
         WorkloadIn.model_validate({"replay": 7, "replay_database": COPY})
 
 
-def _direct(dsn: str, n: int = 7) -> dict[str, float]:
-    """The sort run directly at each work_mem, ms: interleaved, the fastest of ``n`` each
-    (the run least disturbed by the host's other work). Five in a row of one setting, then
-    of the other, once showed no difference on a loaded CI host (40.5 against 42.3 ms)."""
-    times: dict[str, list[float]] = {"64kB": [], "32MB": []}
-    with psycopg.connect(_db(dsn, COPY), autocommit=True) as conn:
-        for _ in range(n):
-            for work_mem, seen in times.items():
-                conn.execute(f"SET work_mem = '{work_mem}'")
-                t = time.perf_counter()
-                conn.execute(SORT).fetchall()
-                seen.append(time.perf_counter() - t)
-    return {work_mem: min(seen) * 1000 for work_mem, seen in times.items()}
-
-
 def test_trials_of_a_session_measure_the_replayed_statements(sb: Sandbox) -> None:
     # 5 s of capture: a report sorting 100,000 rows every 0.25 s, point reads beside it
     report = [(0.25 * k, SORT) for k in range(20)]
@@ -247,9 +232,7 @@ def test_trials_of_a_session_measure_the_replayed_statements(sb: Sandbox) -> Non
     snap = ctl.snapshot(["work_mem"])
     executor = TrialExecutor(ctl, sb.bench_dsn, wl, duration_s=4, warmup_s=1)
     small, large = {"work_mem": "64kB"}, {"work_mem": "32MB"}
-    # each twice, interleaved: the sort is only 1.5-1.8x faster in memory, and one run's
-    # dozen sorts on a busy CI host once put the two in the other order
-    plan = [(small, "baseline"), (large, "candidate")] * 2
+    plan = [(small, "baseline"), (large, "candidate")]
     try:
         outs = []
         for i, (config, role) in enumerate(plan):
@@ -259,11 +242,9 @@ def test_trials_of_a_session_measure_the_replayed_statements(sb: Sandbox) -> Non
             assert out.error is None, out.error
             assert out.rejected is None, out.rejected
             outs.append(out)
-        direct = _direct(sb.bench_dsn)
     finally:
         ctl.revert(snap)
-    sort_ms = []
-    for out in outs:
+    for out, (config, _role) in zip(outs, plan, strict=True):
         (stat,) = out.measurement.streams
         assert stat.name == "replay"
         by = {s.label: s for s in stat.scripts}
@@ -275,15 +256,22 @@ def test_trials_of_a_session_measure_the_replayed_statements(sb: Sandbox) -> Non
         assert sort.failed == read.failed == 0
         assert sort.share == pytest.approx(12 / 72, abs=0.02)
         assert sort.mean_ms is not None
-        sort_ms.append(sort.mean_ms)
         level = run_level(out.measurement.streams, "latency_mean")
         lv, _ = stream_level(stat, "latency_mean")
         assert level.centre == pytest.approx(lv)
         assert level.seconds == stat.transactions  # the level comes from transactions
-    # work_mem moves the replayed sort the way it moves the query run directly
-    small_ms, large_ms = sort_ms[0] + sort_ms[2], sort_ms[1] + sort_ms[3]
-    assert (large_ms < small_ms) == (direct["32MB"] < direct["64kB"]), (sort_ms, direct)
-    assert large_ms < small_ms, (sort_ms, direct)
+        # the config reached the replayed statements: in the run's counters (of the replay's
+        # copy), every sort spilled at 64kB and none at 32MB. Their times are not compared:
+        # in memory this sort is only 1.1-1.2x faster here, and on a loaded CI host the
+        # direct timing twice put the two in the other order (the fidelity bench compares
+        # effects: docs/results/replay-fidelity.md)
+        assert out.result is not None
+        assert out.result.db_metrics is not None
+        temp_files = out.result.db_metrics["temp_files"]
+        if config is small:
+            assert temp_files >= sort.n, (temp_files, sort)
+        else:
+            assert temp_files == 0, temp_files
     # and the trial's per-label stats agree with stream_stat on the same run
     assert outs[1].result is not None
     again = stream_stat(executor.streams[0], outs[1].result, 1.0)
