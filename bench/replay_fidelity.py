@@ -100,7 +100,7 @@ from app.postgres.binaries import find_bindir  # noqa: E402
 from app.postgres.cgroups import Limits  # noqa: E402
 from app.postgres.dsn import libpq_env, scrub  # noqa: E402
 from app.postgres.pgbench import run_streams  # noqa: E402
-from app.postgres.sandbox import Sandbox, as_postgres  # noqa: E402
+from app.postgres.sandbox import BENCH_ROLE, Sandbox, as_postgres  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
 from app.runs.trial import TrialExecutor, TrialOutcome  # noqa: E402
 from app.schemas import WorkloadIn  # noqa: E402
@@ -121,6 +121,7 @@ from optimizer.evidence import Objective, StreamStat, run_level, unfinished  # n
 from tests.helpers import PGSS, ServiceProcess, logging_sandbox, wait_capture  # noqa: E402
 
 DATABASE = "shop"
+LOADED = "shop_loaded"  # --original-fresh: P's shop at its loaded state, copied before each run
 # One warehouse's order lines (~300,000 at load) sorted by a wide column: an external
 # merge of ~15 MB at work_mem 4MB, a quicksort in ~36 MB at 64MB (EXPLAIN ANALYZE on 2
 # warehouses). OFFSET past the end: the whole sort runs, no row travels to the client.
@@ -205,11 +206,38 @@ class Production:
     # original run starts at a checkpoint as every replay run does (its copy's FILE_COPY
     # checkpoints)
     checkpoint_dsn: str | None = None
+    # --original-fresh: a superuser DSN with which each reset makes ``shop`` again as a
+    # file copy of its loaded state (LOADED, kept by keep_loaded), as the replay's reset
+    # copies R's: both sides' runs then start from the same physical data (and at a
+    # checkpoint), not the original from tables and indexes that earlier runs left larger
+    fresh_dsn: str | None = None
 
     def prepare(self, dsn: str) -> str | None:
         return self.tpcc.prepare(dsn)
 
+    def keep_loaded(self) -> None:
+        """LOADED: a copy of ``shop`` as it is now (nothing may be connected to it)."""
+        assert self.fresh_dsn is not None
+        with psycopg.connect(self.fresh_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(LOADED)))
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY").format(
+                    sql.Identifier(LOADED), sql.Identifier(DATABASE)
+                )
+            )
+
     def reset(self, dsn: str) -> None:
+        if self.fresh_dsn is not None:
+            with psycopg.connect(self.fresh_dsn, autocommit=True) as conn:
+                conn.execute(
+                    sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(DATABASE))
+                )
+                conn.execute(
+                    sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY OWNER {}").format(
+                        sql.Identifier(DATABASE), sql.Identifier(LOADED), sql.Identifier(BENCH_ROLE)
+                    )
+                )
+            return
         self.tpcc.reset(dsn)
         if self.checkpoint_dsn is not None:
             with psycopg.connect(self.checkpoint_dsn, autocommit=True) as conn:
@@ -628,6 +656,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         app_dsn = _db(prod.bench_dsn, DATABASE)  # the application: the benchmark role
         if args.original_checkpoint:
             mix = dataclasses.replace(mix, checkpoint_dsn=prod.dsn)
+        if args.original_fresh:
+            mix = dataclasses.replace(mix, fresh_dsn=prod.dsn)
         print(f"production: loading TPC-C at {args.warehouses} warehouses", file=sys.stderr)
         doc["data"] = {"note": mix.prepare(app_dsn)}
         doc["report_query"] = {
@@ -636,7 +666,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "explain": spill_check(app_dsn),
         }
         lap("load_s")
-        mix.reset(app_dsn)  # the loaded state: what every original run starts from
+        mix.tpcc.reset(app_dsn)  # the loaded state: what every original run starts from
+        if args.original_fresh:
+            mix.keep_loaded()
         doc["data"].update(dump_and_restore(prod, staging, workdir))
         lap("dump_restore_s")
 
@@ -843,6 +875,13 @@ def main() -> int:
         action="store_true",
         help="a CHECKPOINT after each original run's reset: every run then starts at a "
         "checkpoint, as every replay run does (its database copy checkpoints)",
+    )
+    p.add_argument(
+        "--original-fresh",
+        action="store_true",
+        help="each original run's reset makes the database again as a file copy of its "
+        "loaded state, as each replay run's does: both sides start from the same physical "
+        "data (and at a checkpoint), not the original from tables earlier runs left larger",
     )
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "replay-fidelity.json"))
     p.add_argument(
