@@ -28,8 +28,10 @@ interleaving and the paired statistics):
    come back through the API.
 4. **Fidelity.** Two pairs of configs, each A B B A ... for ``--rounds`` rounds, on each
    side: the ORIGINAL (P, the pgbench mix, its data reset before every run as TPC-C's
-   workload does) and the REPLAY (R, the Replay workload on the capture: a fresh copy of
-   ``shop`` before every run):
+   workload does; with ``--original-checkpoint`` a CHECKPOINT after it; with
+   ``--original-fresh`` a fresh file copy of its loaded state instead, as the replay's)
+   and the REPLAY (R, the Replay workload on the capture: a fresh copy of ``shop`` before
+   every run):
 
    * the known effect: synchronous_commit on against off. On a disk whose fsync takes
      milliseconds every TPC-C commit waits for its WAL flush, and off stops the wait

@@ -59,25 +59,29 @@ def test_results_replay_fidelity(tmp_path: Path) -> None:
     """The fidelity experiment's commands, small: on a capped disk the known effect
     (synchronous_commit off) shows on the original and on its replay with the same sign,
     at the captured pace (latency) and flat out (statements a second), with every original
-    run started at a checkpoint as every replay run is.
+    run started at a checkpoint, or from a fresh copy of its loaded data, as every replay
+    run is.
 
-    The flat-out command is the checkpointed one without --original-checkpoint (checked
-    here), and the paced one runs without that flag: so two runs cover the three commands
-    (a run costs about 145 s of a suite that is CPU-bound)."""
-    paced_cmd, flat_cmd, checkpointed_cmd = command("results-replay-fidelity").splitlines()
+    The flat-out commands are one command but for the flag (--original-checkpoint,
+    --original-fresh or neither), its budget and its output file (checked here). Two runs
+    cover the four (a run costs about 145 s of a suite that is CPU-bound): the paced one
+    with --original-checkpoint added, and the fresh one."""
+    paced_cmd, flat_cmd, checkpointed_cmd, fresh_cmd = command(
+        "results-replay-fidelity"
+    ).splitlines()
 
     def args(line: str) -> list[str]:
-        words = line.replace(" --original-checkpoint", "").split()
-        return [w for w in words if not w.startswith("bench/results/")]
+        words = line.replace(" --original-checkpoint", "").replace(" --original-fresh", "")
+        kept = [w for w in words.split() if not w.startswith("bench/results/")]
+        budget = kept.index("--budget-s") + 1
+        return kept[:budget] + kept[budget + 1 :]
 
-    # the same command but for the flag, its budget and its output file
     assert "--original-checkpoint" in checkpointed_cmd
-    flat, checkpointed = args(flat_cmd), args(checkpointed_cmd)
-    budget = flat.index("--budget-s") + 1
-    assert flat[:budget] + flat[budget + 1 :] == checkpointed[:budget] + checkpointed[budget + 1 :]
+    assert "--original-fresh" in fresh_cmd
+    assert args(flat_cmd) == args(checkpointed_cmd) == args(fresh_cmd)
     # the page's capture, rounds, run length and budget set back to --small's
     block = small(
-        f"{paced_cmd}\n{checkpointed_cmd}",
+        f"{paced_cmd} --original-checkpoint\n{fresh_cmd}",
         tmp_path,
         small=None,
         minutes="0.17",
@@ -94,7 +98,7 @@ def test_results_replay_fidelity(tmp_path: Path) -> None:
     assert paced["original"]["level"]["throughput"]["gain"] > 0.1, paced["original"]
     assert paced["replay"]["level"]["latency_mean"]["gain"] > 0.1, paced["replay"]
     flat_doc = _fidelity(
-        tmp_path / "bench/results/replay-fidelity-checkpointed.json", "rate_like_for_like"
+        tmp_path / "bench/results/replay-fidelity-fresh.json", "rate_like_for_like"
     )
     # flat out, the replay runs more statements a second, as TPC-C runs more transactions
     assert flat_doc["original"]["level"]["rate"]["gain"] > 0.1, flat_doc["original"]
