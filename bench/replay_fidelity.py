@@ -219,31 +219,30 @@ class Production:
 
     def keep_loaded(self) -> None:
         """LOADED: a copy of ``shop`` as it is now (nothing may be connected to it)."""
-        assert self.fresh_dsn is not None
-        with psycopg.connect(self.fresh_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(LOADED)))
-            conn.execute(
-                sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY").format(
-                    sql.Identifier(LOADED), sql.Identifier(DATABASE)
-                )
-            )
+        self._copy(LOADED, DATABASE)
 
     def reset(self, dsn: str) -> None:
         if self.fresh_dsn is not None:
-            with psycopg.connect(self.fresh_dsn, autocommit=True) as conn:
-                conn.execute(
-                    sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(DATABASE))
-                )
-                conn.execute(
-                    sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY OWNER {}").format(
-                        sql.Identifier(DATABASE), sql.Identifier(LOADED), sql.Identifier(BENCH_ROLE)
-                    )
-                )
+            self._copy(DATABASE, LOADED)
             return
         self.tpcc.reset(dsn)
         if self.checkpoint_dsn is not None:
             with psycopg.connect(self.checkpoint_dsn, autocommit=True) as conn:
                 conn.execute("CHECKPOINT")
+
+    def _copy(self, name: str, template: str) -> None:
+        """Database ``name`` made again as a file copy of ``template``, owned by the
+        application's role (its sessions are ended first)."""
+        assert self.fresh_dsn is not None
+        with psycopg.connect(self.fresh_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY OWNER {}").format(
+                    sql.Identifier(name), sql.Identifier(template), sql.Identifier(BENCH_ROLE)
+                )
+            )
 
     def streams(self) -> list[Stream]:
         report = Stream(
