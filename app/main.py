@@ -33,6 +33,7 @@ from app.jobs.scheduler import Scheduler
 from app.models import Trial, TuningSession
 from app.postgres import privilege
 from app.postgres.dsn import install_log_scrub
+from app.postgres.pgbench import remove_orphan_rundirs
 from app.settings import Settings, get_settings
 from app.targets.sandboxes import start_sandboxes, stop_sandboxes
 from app.targets.service import seal_stored_secrets
@@ -201,6 +202,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.db = db
         app.state.scheduler = None
         if settings.run_scheduler:
+            remove_orphan_rundirs()  # left by an earlier process that was killed mid-run
             start_sandboxes(db)
             sched = Scheduler(db, settings)
             sched.start()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -9,7 +12,14 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from app.postgres.pgbench import BenchSpec, PgbenchError, build_command, init_data, run_bench
+from app.postgres.pgbench import (
+    BenchSpec,
+    PgbenchError,
+    build_command,
+    init_data,
+    remove_orphan_rundirs,
+    run_bench,
+)
 from app.postgres.sandbox import Sandbox
 from tests.conftest import SandboxFactory
 
@@ -205,3 +215,47 @@ def test_overhead_of_a_two_second_run(sandbox_factory: SandboxFactory) -> None:
     print(f"pgbench overhead for a 2 s run: {overhead:.2f} s")
     assert res.ok, res.error
     assert overhead < 3.0
+
+
+def test_run_directories_of_a_killed_service_are_removed_and_no_others(tmp_path: Path) -> None:
+    """A service killed mid-run leaves pgbench's directory behind; the next start removes
+    it, but never one of a process that still runs, nor a symlink or a look-alike name."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid now names no process
+    dead = tmp_path / f"knobtune-bench-{gone.pid}-abc"
+    (dead / "logs").mkdir(parents=True)
+    (dead / "logs" / "pgbench_log.1").write_text("1 2 3\n")
+    alive = tmp_path / f"knobtune-bench-{os.getpid()}-def"
+    alive.mkdir()
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    link = tmp_path / f"knobtune-bench-{gone.pid}-link"
+    link.symlink_to(target)
+    odd = tmp_path / "knobtune-bench-notapid-x"
+    odd.mkdir()
+
+    assert remove_orphan_rundirs(tmp_path) == 1
+    assert not dead.exists()
+    assert alive.is_dir()
+    assert odd.is_dir()
+    assert link.is_symlink()
+    assert (target / "keep").read_text() == "x"
+
+
+def test_a_run_names_its_directory_for_the_process_that_made_it(bench: str, tmp_path: Path) -> None:
+    """The sweep above relies on it: a run's directory carries its process's pid (as root
+    it is made in the system's temp directory, else in the work directory)."""
+    mine = f"knobtune-bench-{os.getpid()}-*"
+    seen: set[Path] = set()
+
+    def look(_t: float, _tps: float) -> None:
+        for place in (tmp_path / "runs", Path(tempfile.gettempdir())):
+            seen.update(place.glob(mine))
+
+    res = run_bench(
+        bench, BenchSpec(duration_s=2, warmup_s=0), workdir=tmp_path / "runs", on_sample=look
+    )
+    assert res.ok, res.error
+    assert seen, "no run directory named for this process"
+    assert not any(p.exists() for p in seen)  # removed when the run ended
