@@ -17,6 +17,8 @@ _E2E = "tests/docs/test_results_e2e_{}.py::test_the_page_command_runs"
 _CAPTURES = "tests/docs/test_captures.py"
 _CAPTURE_RESULTS = "tests/docs/test_results_captures.py"
 _ORDER = "tests/docs/test_results_search_order.py::test_the_search_order_commands_run"
+_C2_PARSE = "tests/docs/test_results_e2e_tpcc.py::test_the_other_c2_session_commands_parse"
+_STEADY = "tests/docs/test_results_e2e_oltp.py::test_the_steady_state_command_runs"
 
 COMMANDS: dict[str, str] = {
     # README.md
@@ -69,16 +71,16 @@ COMMANDS: dict[str, str] = {
     "results-tpch-h1": _E2E.format("tpch"),
     "results-tpcc-c1": _E2E.format("tpcc"),
     "results-tpcc-c1-compare": _E2E.format("tpcc"),
-    "results-tpcc-c2-small": _E2E.format("tpcc"),
+    "results-tpcc-c2-small": _C2_PARSE,
     "results-tpcc-c2-spread": _E2E.format("tpcc"),
-    "results-tpcc-c2-600": _E2E.format("tpcc"),
+    "results-tpcc-c2-600": _C2_PARSE,
+    "results-tpcc-c2-settled": _E2E.format("tpcc"),
+    "results-tpcc-c2-steady": _STEADY,
     "results-chbench-ch1": _E2E.format("tpch"),
     "results-e2e": _E2E.format("oltp"),
     "results-tpcb-b1-small": _E2E.format("oltp"),
     "results-tpcb-d1-disk": _E2E.format("oltp"),
-    "results-tpcb-d1-steady": (
-        "tests/docs/test_results_e2e_oltp.py::test_the_steady_state_command_runs"
-    ),
+    "results-tpcb-d1-steady": _STEADY,
     "results-search-order": _ORDER,
     "results-search-order-analytic": _ORDER,
     "results-sweep": f"{_RESULTS}::test_results_sweep",

@@ -64,14 +64,26 @@ def test_the_page_command_runs(
 @needs_cgroups
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_the_steady_state_command_runs(tmp_path: Path) -> None:
-    """bench/steady_state.py as the D1 page shows it, small: both configs ran on end in the
-    profile's cgroup, sized for the memory given."""
-    run(small(command("results-tpcb-d1-steady"), tmp_path, small=None), timeout=500)
-    doc = json.loads((tmp_path / "bench/results/steady-D1.json").read_text())
-    assert set(doc["runs"]) == {"default", "pgtune"}
+@pytest.mark.parametrize(
+    ("name", "out", "configs", "memory"),
+    [
+        # D1: the default and PGTune's config, sized for the memory given (--memory 2GB)
+        ("results-tpcb-d1-steady", "steady-D1.json", {"default", "pgtune"}, 2 * 1024**3),
+        # C2: the default alone, on TPC-C (its reset before every run)
+        ("results-tpcc-c2-steady", "steady-C2-small.json", {"default"}, 1024**3),
+    ],
+)
+def test_the_steady_state_command_runs(
+    name: str, out: str, configs: set[str], memory: int, tmp_path: Path
+) -> None:
+    """bench/steady_state.py as the D1 and C2 pages show it, small: each config ran on end
+    in the profile's cgroup, sized for the profile's memory."""
+    run(small(command(name), tmp_path, small=None), timeout=500)
+    doc = json.loads((tmp_path / "bench/results" / out).read_text())
+    assert set(doc["runs"]) == configs
     for rows in doc["runs"].values():
         assert len(rows) == 1
         assert rows[0]["median_tps"] > 0, rows
-    assert doc["profile"]["limits"]["memory_bytes"] == 2 * 1024**3
-    assert doc["configs"]["pgtune"]["shared_buffers"] == "512MB"
+    assert doc["profile"]["limits"]["memory_bytes"] == memory
+    if "pgtune" in configs:
+        assert doc["configs"]["pgtune"]["shared_buffers"] == "512MB"

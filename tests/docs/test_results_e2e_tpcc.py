@@ -1,15 +1,18 @@
 """bench/e2e.py as the TPC-C pages (C1: a session, then the comparison; C2: on profile
-small, and its default against itself) show it, run small
+small, its default against itself, and a session on a settled server) show it, run small
 (tests/docs/results_cmds.py).
 
 One module per page group: the suite hands out whole modules to its workers."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
 
+from bench.e2e import parser
+from tests.docs.blocks import command
 from tests.docs.results_cmds import run_e2e
 from tests.helpers import needs_cgroups
 
@@ -21,16 +24,14 @@ from tests.helpers import needs_cgroups
     [
         ("results-tpcc-c1", "e2e-C1.json"),
         ("results-tpcc-c1-compare", "e2e-C1-compare.json"),
+        # C2's session path, settling included (its other session commands only differ in
+        # numbers: test_the_other_c2_session_commands_parse)
         pytest.param(
-            "results-tpcc-c2-small",
-            "bench/results/e2e-C2-small-1800.json",
+            "results-tpcc-c2-settled",
+            "bench/results/e2e-C2-small-settled.json",
             marks=needs_cgroups,
         ),
-        pytest.param(
-            "results-tpcc-c2-600",
-            "bench/results/e2e-C2-small-600.json",
-            marks=needs_cgroups,
-        ),
+        # C2's comparison path
         pytest.param(
             "results-tpcc-c2-spread",
             "bench/results/e2e-C2-small-spread.json",
@@ -39,4 +40,17 @@ from tests.helpers import needs_cgroups
     ],
 )
 def test_the_page_command_runs(name: str, out: str, tmp_path: Path) -> None:
-    run_e2e(name, out, tmp_path)
+    doc = run_e2e(name, out, tmp_path)
+    if name == "results-tpcc-c2-settled":
+        # the server ran the workload before the session, its levels recorded
+        assert doc["workloads"]["C2"]["data"]["settle_tps"][0] > 0, doc["workloads"]["C2"]
+
+
+@pytest.mark.parametrize("name", ["results-tpcc-c2-small", "results-tpcc-c2-600"])
+def test_the_other_c2_session_commands_parse(name: str) -> None:
+    """The page's earlier C2 sessions: the same workload, profile and code path as the
+    settled one the test above runs, with other numbers; each still parses."""
+    (line,) = [x for x in command(name).splitlines() if "bench/e2e.py" in x]
+    argv = shlex.split(line)
+    args = parser().parse_args(argv[argv.index("bench/e2e.py") + 1 :])
+    assert (args.workloads, args.profile, args.compare) == ("C2", "small", None)
