@@ -34,6 +34,7 @@ from app.models import Trial, TuningSession
 from app.postgres import privilege
 from app.postgres.dsn import install_log_scrub
 from app.postgres.pgbench import remove_orphan_rundirs
+from app.postgres.sandbox import remove_orphan_templates
 from app.settings import Settings, get_settings
 from app.targets.sandboxes import start_sandboxes, stop_sandboxes
 from app.targets.service import seal_stored_secrets
@@ -202,7 +203,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.db = db
         app.state.scheduler = None
         if settings.run_scheduler:
-            remove_orphan_rundirs()  # left by an earlier process that was killed mid-run
+            # left by an earlier process that was killed mid-run
+            remove_orphan_rundirs()
+            remove_orphan_templates()
             start_sandboxes(db)
             sched = Scheduler(db, settings)
             sched.start()

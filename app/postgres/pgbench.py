@@ -25,7 +25,6 @@ import re
 import shutil
 import signal
 import site
-import stat
 import subprocess
 import sys
 import sysconfig
@@ -592,43 +591,15 @@ RUNDIR_PREFIX = "knobtune-bench-"  # then the service's pid: whose directory it 
 
 
 def remove_orphan_rundirs(where: Path | None = None) -> int:
-    """Remove pgbench run directories whose service process is gone; how many went.
-
-    A run removes its directory when it ends, but a service killed mid-run (SIGKILL, the
-    OOM killer, a power cut) leaves it, with pgbench's logs, in the system's temp
-    directory (as root) for good. Only directories of this service's kind are touched:
-    named for a pid that no longer runs, a real directory (not a symlink), owned by this
-    process's user or the children's, so another user's look-alike in a shared /tmp stays.
-    """
-    place = where if where is not None else Path(tempfile.gettempdir())
+    """Remove pgbench run directories whose service process is gone (a service killed
+    mid-run leaves one, with pgbench's logs, in the system's temp directory as root);
+    how many went. Ours or the children's user's only (privilege.remove_orphans)."""
     owners = {os.geteuid()}
     if privilege.dropping():
         with contextlib.suppress(privilege.PrivilegeError):
             owners.add(privilege.child_identity().uid)
-    removed = 0
-    for path in place.glob(f"{RUNDIR_PREFIX}*-*"):
-        pid = path.name[len(RUNDIR_PREFIX) :].split("-", 1)[0]
-        if not pid.isdigit() or _running(int(pid)):
-            continue
-        try:
-            st = path.lstat()
-        except OSError:
-            continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in owners:
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed += 1
-    return removed
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: it runs
-        return True
-    return True
+    place = where if where is not None else Path(tempfile.gettempdir())
+    return privilege.remove_orphans(RUNDIR_PREFIX, place, owners)
 
 
 def run_streams(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,3 +135,37 @@ def hand_over(path: Path) -> None:
     if dropping():
         ident = child_identity()
         os.chown(path, ident.uid, ident.gid)
+
+
+def remove_orphans(prefix: str, where: Path, owners: set[int]) -> int:
+    """Remove the directories ``where/PREFIX<pid>-*`` whose process is gone; how many went.
+
+    A process removes what it made in the temp directory when it ends, but one killed
+    (SIGKILL, the OOM killer, a power cut) leaves it there for good. Only a real directory
+    (not a symlink) owned by one of ``owners`` is touched, so another user's look-alike
+    in a shared /tmp stays, and never one of a process that still runs.
+    """
+    removed = 0
+    for path in where.glob(f"{prefix}*-*"):
+        pid = path.name[len(prefix) :].split("-", 1)[0]
+        if not pid.isdigit() or _running(int(pid)):
+            continue
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in owners:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it runs
+        return True
+    return True

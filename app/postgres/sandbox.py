@@ -41,6 +41,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from app.postgres import privilege
+
 # re-exported: callers have always found these in the sandbox manager
 from app.postgres.binaries import (
     BINDIR_ENV as BINDIR_ENV,
@@ -190,13 +192,23 @@ def _template_for(bindir: Path) -> Path:
         tpl = _templates.get(bindir)
         if tpl is not None and (tpl / "PG_VERSION").exists():
             return tpl
-        root = Path(tempfile.mkdtemp(prefix="knobtune-tpl-", dir=_short_tmp()))
+        root = Path(tempfile.mkdtemp(prefix=f"{TEMPLATE_PREFIX}{os.getpid()}-", dir=_short_tmp()))
         uid, gid = _owner_ids()
         os.chown(root, uid, gid)
         tpl = root / "data"
         _initdb(bindir, tpl)
         _templates[bindir] = tpl
         return tpl
+
+
+TEMPLATE_PREFIX = "knobtune-tpl-"  # then the pid of the process that made it
+
+
+def remove_orphan_templates(where: Path | None = None) -> int:
+    """Remove initdb templates (46 MB each) of processes that are gone: removed at exit,
+    but a killed process leaves its own. How many went."""
+    place = where if where is not None else Path(_short_tmp())
+    return privilege.remove_orphans(TEMPLATE_PREFIX, place, {_owner_ids()[0]})
 
 
 def _initdb(bindir: Path, data_dir: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -13,11 +14,13 @@ import pytest
 
 from app.postgres.restart import run as run_restart
 from app.postgres.sandbox import (
+    TEMPLATE_PREFIX,
     PostgresNotInstalled,
     Sandbox,
     SandboxError,
     find_bindir,
     free_port,
+    remove_orphan_templates,
 )
 from tests.conftest import SandboxFactory
 
@@ -164,3 +167,27 @@ def test_bad_setting_keeps_log_in_error() -> None:
     with pytest.raises(SandboxError) as err:
         Sandbox.create(settings={"shared_buffers": "banana"})
     assert "shared_buffers" in str(err.value)
+
+
+def test_templates_of_killed_processes_are_removed_and_ours_stays(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """Each process initdbs one template (46 MB) and removes it at exit; a killed one
+    leaves it, and the service's next start removes it: named for a pid no longer running,
+    owned by the sandboxes' user. This process's own template is named for it and stays."""
+    from app.postgres import sandbox as sandbox_mod
+
+    ours = [t.parent for t in sandbox_mod._templates.values()]
+    assert ours
+    assert all(p.name.startswith(f"{TEMPLATE_PREFIX}{os.getpid()}-") for p in ours)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = tmp_path / f"{TEMPLATE_PREFIX}{gone.pid}-x"
+    (dead / "data").mkdir(parents=True)
+    uid, gid = sandbox_mod._owner_ids()
+    for p in (dead, dead / "data"):
+        os.chown(p, uid, gid)
+    assert remove_orphan_templates(tmp_path) == 1
+    assert not dead.exists()
+    assert remove_orphan_templates() >= 0  # the real temp directory: ours untouched
+    assert all(p.is_dir() for p in ours)
