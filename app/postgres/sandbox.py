@@ -207,8 +207,12 @@ TEMPLATE_PREFIX = "knobtune-tpl-"  # then the pid of the process that made it
 def remove_orphan_templates(where: Path | None = None) -> int:
     """Remove initdb templates (46 MB each) of processes that are gone: removed at exit,
     but a killed process leaves its own. How many went."""
+    try:
+        owner = _owner_ids()[0]
+    except KeyError:  # root on a host without a postgres user: no sandbox, no template
+        return 0
     place = where if where is not None else Path(_short_tmp())
-    return privilege.remove_orphans(TEMPLATE_PREFIX, place, {_owner_ids()[0]})
+    return privilege.remove_orphans(TEMPLATE_PREFIX, place, {owner})
 
 
 def _initdb(bindir: Path, data_dir: Path) -> None:
