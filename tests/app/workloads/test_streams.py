@@ -23,11 +23,18 @@ from app.workloads.base import Script, Stream
 from optimizer.evidence import ScriptStat, StreamStat
 from tests.helpers import wait_done
 
-POINT_READ = "\\set aid random(1, 100000)\nSELECT abalance FROM pgbench_accounts WHERE aid = :aid;"
+# A point read that also waits 32 ms. Without the wait its mean (about 0.1 ms) is all
+# scheduling jitter on a loaded 2-core host and moves severalfold from run to run; as half
+# the geometric mean it spread the start config's runs until even a fourfold cut was not
+# credible in the runs the test allows (a CI run kept 4MB). With it, a few ms of jitter
+# move either script's mean by a few percent.
+POINT_READ = (
+    "\\set aid random(1, 100000)\n"
+    "SELECT abalance, pg_sleep(0.032) FROM pgbench_accounts WHERE aid = :aid;"
+)
 # A sleep that work_mem above 4MB cuts sixteenfold (32 -> 2 ms): an effect far above what a
-# busy CI host's scheduling jitter does to 2 s runs. Smaller ones were lost in it twice (an
-# 8 -> 4 ms halving, then a 16 -> 4 ms quartering): the point read's mean, the other half
-# of the geometric mean, moves severalfold on a loaded 2-core host.
+# busy CI host's scheduling jitter does to 2 s runs (an 8 -> 4 ms halving and a 16 -> 4 ms
+# quartering were lost in it).
 CUT_SQL = (
     "SELECT pg_sleep(CASE WHEN pg_size_bytes(current_setting('work_mem')) > 4194304 "
     "THEN 0.002 ELSE 0.032 END);"
