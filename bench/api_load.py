@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.postgres.sandbox import Sandbox  # noqa: E402
+from bench.common import run_main  # noqa: E402
 from tests.helpers import ServiceProcess  # noqa: E402
 
 
@@ -170,4 +171,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

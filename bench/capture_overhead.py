@@ -60,6 +60,7 @@ from bench.common import (  # noqa: E402
     measured,
     paired_gain,
     profile_of,
+    run_main,
     shown,
 )
 from tests.helpers import logging_sandbox  # noqa: E402
@@ -268,4 +269,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

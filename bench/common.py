@@ -12,6 +12,8 @@
   same round cancels slow drift.
 * :func:`machine`, :func:`profile_of` and :func:`load_average`: what the output says about
   the host, the hardware profile a sandbox ran in, and how busy the host was.
+* :func:`run_main`: every bench script's entry point, so that SIGTERM (``kill``, a
+  timeout) unwinds like Ctrl-C and the script's sandboxes and cgroups are removed.
 
 Used by bench/e2e.py (the confirmation), bench/capture_overhead.py and
 bench/replay_fidelity.py.
@@ -22,6 +24,8 @@ from __future__ import annotations
 import math
 import os
 import platform
+import signal
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -141,3 +145,20 @@ def profile_of(limits: Limits | None) -> dict[str, Any] | None:
 def load_average() -> float:
     """The host's 1-minute load average now: other work on the machine adds noise."""
     return round(os.getloadavg()[0], 2)
+
+
+def _terminate(_sig: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def run_main(main: Callable[[], int | None]) -> None:
+    """Run a bench script's ``main`` and exit with its status. SIGTERM unwinds like Ctrl-C:
+    without this a killed bench (``pkill``, ``timeout``) left its sandbox running and its
+    cgroup in place, since Python's default SIGTERM ends the process without running the
+    ``with`` blocks that remove them."""
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted: sandboxes and cgroups removed", file=sys.stderr)
+        sys.exit(130)

@@ -79,6 +79,7 @@ from bench.common import (  # noqa: E402
     measured,
     paired_gain,
     profile_of,
+    run_main,
 )
 from optimizer.catalogue import CATALOGUE, Hardware, default_knobs  # noqa: E402
 from optimizer.descent import Candidate  # noqa: E402
@@ -683,4 +684,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -64,6 +64,7 @@ from app.postgres.units import same_value  # noqa: E402
 from app.runs.store import ReplayMismatch, SessionStore  # noqa: E402
 from app.schemas import SessionIn  # noqa: E402
 from app.tuning import session_optimizer  # noqa: E402
+from bench.common import run_main  # noqa: E402
 from tests.helpers import ServiceProcess, file_settings  # noqa: E402
 
 WORKLOAD = {"builtin": "tpcb-like", "scale": 1, "clients": 2, "jobs": 1, "duration_s": 3,
@@ -679,4 +680,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -44,6 +44,7 @@ from app.main import create_app  # noqa: E402
 from app.postgres.pgbench import find_pgbench, init_data  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.settings import Settings  # noqa: E402
+from bench.common import run_main  # noqa: E402
 
 KNOBS = ["max_wal_size", "bgwriter_lru_maxpages", "bgwriter_flush_after"]
 
@@ -195,4 +196,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.postgres.binaries import find_bindir
 from app.postgres.cgroups import Limits, launcher_argv
 from app.postgres.sandbox import Sandbox
+from bench.common import run_main
 
 LINE = re.compile(r"^\s*fdatasync\s+([\d.,]+) ops/sec\s+([\d.,]+) usecs/op", re.M)
 
@@ -53,4 +54,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

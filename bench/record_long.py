@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.postgres.pgbench import BenchResult, BenchSpec, init_data, run_bench
 from app.postgres.sandbox import Sandbox
+from bench.common import run_main
 from optimizer.evidence import StreamStat, run_level, summarize_stream
 
 FACT_ROWS = 1_000_000
@@ -326,4 +327,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

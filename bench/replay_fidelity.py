@@ -116,6 +116,7 @@ from bench.common import (  # noqa: E402
     machine,
     measured,
     paired_gain,
+    run_main,
     shown,
 )
 from bench.e2e import tune  # noqa: E402
@@ -919,4 +920,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

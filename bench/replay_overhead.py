@@ -31,6 +31,7 @@ from app.postgres.pgbench import find_pgbench, run_bench  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.replay.plan import ReplayRun  # noqa: E402
 from app.workloads.base import Script, Stream  # noqa: E402
+from bench.common import run_main  # noqa: E402
 from tests.app.replay.logs import stderr_log  # noqa: E402
 
 
@@ -106,4 +107,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import load_average, machine, shown  # noqa: E402
+from bench.common import load_average, machine, run_main, shown  # noqa: E402
 from bench.e2e import parse_args, parser, run_workload  # noqa: E402
 from optimizer.checkpoints import CHECKPOINT_KNOBS  # noqa: E402
 
@@ -100,4 +100,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

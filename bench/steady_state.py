@@ -33,7 +33,7 @@ from app.evidence import io_line  # noqa: E402
 from app.postgres.cgroups import resolve  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
 from app.runs.trial import TrialExecutor  # noqa: E402
-from bench.common import load_average, machine, profile_of  # noqa: E402
+from bench.common import load_average, machine, profile_of, run_main  # noqa: E402
 from bench.e2e import WORKLOADS, _workload, make_sandbox, small_workload  # noqa: E402
 from optimizer.catalogue import CATALOGUE, Hardware  # noqa: E402
 from optimizer.descent import Candidate  # noqa: E402
@@ -144,4 +144,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

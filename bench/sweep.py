@@ -31,6 +31,7 @@ from app.chart import render_sweep_svg  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.schemas import SweepIn  # noqa: E402
 from app.sweeps.measure import measure  # noqa: E402
+from bench.common import run_main  # noqa: E402
 
 
 def show(name: str, res: dict[str, Any]) -> None:
@@ -107,4 +108,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -28,6 +28,7 @@ from app.postgres.pgbench import run_bench  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.workloads.chbench import QUERIES, Chbench  # noqa: E402
 from app.workloads.tpcc import Tpcc, tpm_c  # noqa: E402
+from bench.common import run_main  # noqa: E402
 
 
 def main() -> None:
@@ -120,4 +121,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -33,6 +33,7 @@ from app.evidence import bench_spec  # noqa: E402
 from app.postgres.pgbench import run_bench  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.workloads.tpch import DEFAULT_QUERIES, QUERY_NAMES, Tpch, postgres_query  # noqa: E402
+from bench.common import run_main  # noqa: E402
 
 
 def power_run(dsn: str, wl: Tpch, seconds: int) -> dict[str, object]:
@@ -97,4 +98,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)
