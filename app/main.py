@@ -36,6 +36,7 @@ from app.postgres.dsn import install_log_scrub
 from app.postgres.pgbench import remove_orphan_rundirs
 from app.postgres.sandbox import remove_orphan_templates
 from app.settings import Settings, get_settings
+from app.targets.location import drop_empty_fallback
 from app.targets.sandboxes import start_sandboxes, stop_sandboxes
 from app.targets.service import seal_stored_secrets
 from app.web.routes import RenderedPages
@@ -217,6 +218,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 app.state.scheduler.shutdown()
                 # Managed sandboxes live with the service: started again at its next start.
                 stop_sandboxes(db, settings)
+            drop_empty_fallback(settings)
             db.dispose()
 
     # FastAPIOffline serves /docs from assets bundled in its package: no CDN, so the API

@@ -10,6 +10,7 @@ postgres user cannot enter is refused with a message that names that setting.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -63,6 +64,14 @@ def sandbox_parent(settings: Settings, *, create: bool = True) -> Path:
 def _fallback(settings: Settings) -> Path:
     tag = hashlib.sha256(str(settings.work_dir).encode()).hexdigest()[:10]
     return Path(tempfile.gettempdir()) / f"knobtune-sandboxes-{tag}"
+
+
+def drop_empty_fallback(settings: Settings) -> None:
+    """At shutdown: remove the temp-dir fallback (above) if no sandbox is left in it, so that
+    a service leaves no empty directory in the shared temp dir (the next start makes it
+    again where needed). rmdir fails on a directory that holds anything: nothing is lost."""
+    with contextlib.suppress(OSError):
+        _fallback(settings).rmdir()
 
 
 def owned_by_this_service(settings: Settings, sandbox_dir: Path) -> bool:

@@ -98,6 +98,9 @@ def test_sandbox_of_a_service_in_a_private_directory(private_dir: Path) -> None:
         assert root.parent.name.startswith("knobtune-sandboxes-")
         assert c.delete(f"/api/v1/targets/{t['id']}").status_code == 204
         assert not root.exists()
+        assert root.parent.is_dir()
+    # the service's shutdown removed the fallback directory its last sandbox had left empty
+    assert not root.parent.exists()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes run as the postgres user only as root")
