@@ -17,7 +17,7 @@ _E2E = "tests/docs/test_results_e2e_{}.py::test_the_page_command_runs"
 _CAPTURES = "tests/docs/test_captures.py"
 _CAPTURE_RESULTS = "tests/docs/test_results_captures.py"
 _ORDER = "tests/docs/test_results_search_order.py::test_the_search_order_commands_run"
-_C2_PARSE = "tests/docs/test_results_e2e_tpcc.py::test_the_other_c2_session_commands_parse"
+_C2_PARSE = "tests/docs/test_results_e2e_tpcc.py::test_the_other_c2_commands_parse"
 _STEADY = "tests/docs/test_results_e2e_oltp.py::test_the_steady_state_command_runs"
 
 COMMANDS: dict[str, str] = {
@@ -76,6 +76,7 @@ COMMANDS: dict[str, str] = {
     "results-tpcc-c2-600": _C2_PARSE,
     "results-tpcc-c2-settled": _E2E.format("tpcc"),
     "results-tpcc-c2-steady": _STEADY,
+    "results-tpcc-c2-steady-pgtune": _C2_PARSE,
     "results-chbench-ch1": _E2E.format("tpch"),
     "results-e2e": _E2E.format("oltp"),
     "results-tpcb-b1-small": _E2E.format("oltp"),

@@ -6,6 +6,7 @@ One module per page group: the suite hands out whole modules to its workers."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -24,8 +25,8 @@ from tests.helpers import needs_cgroups
     [
         ("results-tpcc-c1", "e2e-C1.json"),
         ("results-tpcc-c1-compare", "e2e-C1-compare.json"),
-        # C2's session path, settling included (its other session commands only differ in
-        # numbers: test_the_other_c2_session_commands_parse)
+        # C2's session path, settling included (its other commands, sessions and a
+        # comparison, only differ in numbers: test_the_other_c2_commands_parse)
         pytest.param(
             "results-tpcc-c2-settled",
             "bench/results/e2e-C2-small-settled.json",
@@ -46,11 +47,20 @@ def test_the_page_command_runs(name: str, out: str, tmp_path: Path) -> None:
         assert doc["workloads"]["C2"]["data"]["settle_tps"][0] > 0, doc["workloads"]["C2"]
 
 
-@pytest.mark.parametrize("name", ["results-tpcc-c2-small", "results-tpcc-c2-600"])
-def test_the_other_c2_session_commands_parse(name: str) -> None:
-    """The page's earlier C2 sessions: the same workload, profile and code path as the
-    settled one the test above runs, with other numbers; each still parses."""
+@pytest.mark.parametrize(
+    ("name", "compared"),
+    [
+        ("results-tpcc-c2-small", None),
+        ("results-tpcc-c2-600", None),
+        ("results-tpcc-c2-steady-pgtune", {"pgtune"}),
+    ],
+)
+def test_the_other_c2_commands_parse(name: str, compared: set[str] | None) -> None:
+    """The page's other C2 commands: the same workload, profile and code path as the
+    settled session or the spread comparison the test above runs, with other numbers;
+    each still parses, and a comparison's configs are JSON."""
     (line,) = [x for x in command(name).splitlines() if "bench/e2e.py" in x]
     argv = shlex.split(line)
     args = parser().parse_args(argv[argv.index("bench/e2e.py") + 1 :])
-    assert (args.workloads, args.profile, args.compare) == ("C2", "small", None)
+    assert (args.workloads, args.profile) == ("C2", "small")
+    assert (None if args.compare is None else set(json.loads(args.compare))) == compared
