@@ -1706,14 +1706,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _terminate(_sig: int, _frame: Any) -> None:
-    # Outside the live view, SIGTERM unwinds like Ctrl-C so that with-blocks clean up
-    # (a demo sandbox is removed, never orphaned).
     raise KeyboardInterrupt
+
+
+def unwind_on_sigterm() -> None:
+    """SIGTERM (kill, timeout, systemd) unwinds like Ctrl-C from here on, so that
+    with-blocks clean up: a demo's or a bench script's sandbox is removed, never orphaned
+    (Python's default SIGTERM ends the process without running them). The live view
+    installs its own handler while it runs."""
+    signal.signal(signal.SIGTERM, _terminate)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
+    unwind_on_sigterm()
     try:
         return int(args.func(args))
     except CliError as exc:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import os
 import platform
-import signal
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from app.cli import unwind_on_sigterm
 from app.postgres.cgroups import PROFILES, Limits
 from app.postgres.target import TargetController
 from app.runs.trial import TrialExecutor, TrialOutcome
@@ -147,18 +147,13 @@ def load_average() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def _terminate(_sig: int, _frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def run_main(main: Callable[[], int | None]) -> None:
-    """Run a bench script's ``main`` and exit with its status. SIGTERM unwinds like Ctrl-C:
-    without this a killed bench (``pkill``, ``timeout``) left its sandbox running and its
-    cgroup in place, since Python's default SIGTERM ends the process without running the
-    ``with`` blocks that remove them."""
-    signal.signal(signal.SIGTERM, _terminate)
+    """Run a bench script's ``main`` and exit with its status. SIGTERM unwinds like Ctrl-C,
+    as for the CLI (app/cli.py unwind_on_sigterm): a killed bench (``pkill``, ``timeout``)
+    left its sandbox running and its cgroup in place."""
+    unwind_on_sigterm()
     try:
         sys.exit(main())
     except KeyboardInterrupt:
-        print("interrupted: sandboxes and cgroups removed", file=sys.stderr)
+        print("interrupted", file=sys.stderr)
         sys.exit(130)
