@@ -147,7 +147,24 @@ def test_watch_failed_transactions_and_no_reference() -> None:
     reason = w.observe(3.0, 100.0, 7)
     assert reason == "performance guard: 7 transaction(s) failed at 3 s"
     assert ThroughputWatch(reference=math.nan, warmup_s=0, window=1).observe(1, 0.0) is None
-    assert [guard_window(s) for s in (1, 2, 7, 20, 60, 600)] == [1, 2, 3, 5, 5, 5]
+    assert [guard_window(s) for s in (1, 2, 7, 20, 50, 60, 300, 600)] == [1, 2, 3, 5, 5, 6, 30, 30]
+
+
+def test_watch_of_a_long_run_outlasts_a_write_back_stall() -> None:
+    # a 300 s run that opens with 14 s under 100 tps (profile small's write-back stalls)
+    # and then runs at the incumbent's level goes on; one that stays low is stopped
+    def first_answer(samples: list[float]) -> tuple[int, str] | None:
+        w = ThroughputWatch(reference=260.0, warmup_s=0, window=guard_window(300))
+        for t, tps in enumerate(samples, start=1):
+            if (reason := w.observe(float(t), tps)) is not None:
+                return t, reason
+        return None
+
+    assert first_answer([99.0] * 14 + [250.0] * 286) is None
+    stopped = first_answer([99.0] * 300)
+    assert stopped is not None
+    assert stopped[0] == 30
+    assert "over the first 30 s" in stopped[1]
 
 
 # -- warm-up after a restart ------------------------------------------------------------------
