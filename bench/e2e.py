@@ -521,6 +521,18 @@ def run_workload(name: str, args: argparse.Namespace, chart: str | None = None) 
         finally:
             service.stop()
         after_session = in_cgroup(sb)
+        if args.rounds == 0:
+            # the session alone: its own runs are the figures (a session whose runs are
+            # minutes long leaves no time for rounds in the same sitting)
+            return {
+                "workload": spec["description"],
+                "profile": profile_of(limits),
+                "data": load,
+                "server_in_cgroup": None if limits is None else {"after_session": after_session},
+                "session": session,
+                "objective": spec.get("objective", "throughput"),
+                "confirmation": None,
+            }
         hw = Hardware(
             ram_bytes=(limits.memory_bytes if limits and limits.memory_bytes else None)
             or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
@@ -609,7 +621,12 @@ def parser(description: str | None = __doc__) -> argparse.ArgumentParser:
         default=6,
         help="the session's final check (best and start side by side, A B B A ...), even",
     )
-    p.add_argument("--rounds", type=int, default=5, help="confirmation rounds (runs per config)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="confirmation rounds (runs per config); 0: the session only, no confirmation",
+    )
     p.add_argument("--confirm-duration", type=int, default=20)
     p.add_argument("--confirm-warmup", type=int, default=10, help="discarded run before each")
     p.add_argument(
@@ -658,6 +675,10 @@ def parser(description: str | None = __doc__) -> argparse.ArgumentParser:
 def parse_args(p: argparse.ArgumentParser) -> argparse.Namespace:
     """The arguments; with --small, every workload shrunk to its smallest."""
     args = p.parse_args()
+    if args.rounds < 0:
+        p.error(f"--rounds must be 0 (no confirmation) or more, not {args.rounds}")
+    if args.rounds == 0 and args.compare:
+        p.error("--compare is a confirmation without a session: give --rounds 1 or more")
     if args.small:
         for spec in WORKLOADS.values():
             spec["workload"] = small_workload(spec["workload"])

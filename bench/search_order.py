@@ -66,7 +66,10 @@ def where_runs_went(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> int:
-    args = parse_args(parser(__doc__))
+    p = parser(__doc__)
+    args = parse_args(p)
+    if args.rounds == 0:
+        p.error("the two searches are compared by their confirmations: give --rounds 1 or more")
     started = datetime.now(UTC)
     load_before = load_average()
     doc: dict[str, Any] = {
