@@ -283,6 +283,18 @@ class ThroughputWatch:
 # --- warm-up after a restart -----------------------------------------------------------------
 
 
+def warm_up_window(measured_s: float) -> int:
+    """The ``window`` of :func:`warmed_up` for runs of ``measured_s``: 3 s, and on runs
+    longer than 50 s the guard's (:func:`guard_window`, a tenth of the run up to 30 s).
+
+    On profile ``small`` TPC-C's per-second throughput swings by half and more (80-496 tps
+    within one minute): 3 s medians "levelled off" 11 s after a restart with a cold 256MB
+    buffer pool, whose run then measured 99 tps where the incumbent's measured 262 (the
+    session of docs/results/tpcc-c2-small.md's 330 s runs, 2026-11-27).
+    """
+    return 3 if measured_s <= 50 else guard_window(measured_s)
+
+
 def warmed_up(tps: Sequence[float], window: int = 3, rise: float = 0.05) -> bool:
     """Has throughput stopped rising after a restart (shared_buffers refilled)?
 

@@ -44,7 +44,13 @@ from app.tuning import describe, measurement
 from app.workloads.base import Stream, Workload, WorkloadError
 from optimizer.descent import Candidate, Measurement
 from optimizer.evidence import StreamStat
-from optimizer.guard import ThroughputWatch, guard_window, memory_guard, warmed_up
+from optimizer.guard import (
+    ThroughputWatch,
+    guard_window,
+    memory_guard,
+    warm_up_window,
+    warmed_up,
+)
 from optimizer.knobs import Config
 
 INCUMBENT_RUNS = 3  # recent incumbent runs whose median level the performance guard uses
@@ -274,10 +280,11 @@ class TrialExecutor:
             )
             return
         seen: list[float] = []
+        window = warm_up_window(self.specs[0].duration_s - self.specs[0].warmup_s)
 
         def level(s: ProgressSample) -> str | None:
             seen.append(s.tps)
-            return "warm" if warmed_up(seen) else None
+            return "warm" if warmed_up(seen, window=window) else None
 
         run_streams(
             self.dsn,

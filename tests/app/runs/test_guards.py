@@ -30,6 +30,7 @@ from optimizer.guard import (
     estimate_memory,
     guard_window,
     memory_guard,
+    warm_up_window,
     warmed_up,
 )
 from tests.helpers import file_settings, wait_done
@@ -168,6 +169,21 @@ def test_watch_of_a_long_run_outlasts_a_write_back_stall() -> None:
 
 
 # -- warm-up after a restart ------------------------------------------------------------------
+def test_a_long_runs_warm_up_is_not_ended_by_second_to_second_swings() -> None:
+    # a cold buffer pool filling over 90 s, each second's level swinging by half as on
+    # profile small: 3 s medians call it warm within seconds, the 330 s run's 30 s do not
+    ramp = [min(250.0, 80.0 + 2.0 * i) for i in range(150)]
+    swings = [1.5, 0.6, 1.1, 0.5, 1.3, 0.9, 1.4, 0.7]
+    tps = [v * swings[i % len(swings)] for i, v in enumerate(ramp)]
+
+    def ends(window: int) -> int:
+        return next(n for n in range(1, len(tps) + 1) if warmed_up(tps[:n], window=window))
+
+    assert [warm_up_window(s) for s in (25, 50, 60, 300)] == [3, 3, 6, 30]
+    assert ends(warm_up_window(25)) < 15
+    assert ends(warm_up_window(300)) >= 80  # not before the pool is nearly full
+
+
 def test_warm_up_ends_when_throughput_levels_off() -> None:
     # per-second tps recorded here right after a restart (TPC-B scale 20, 512MB)
     after_restart = [3522, 4354, 3925, 3936, 4915, 4977, 5799, 4786, 5011, 5216, 5087]
