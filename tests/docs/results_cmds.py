@@ -67,8 +67,9 @@ E2E_SMALL = {
 
 def run_e2e(name: str, out: str, tmp: Path, **options: str) -> dict[str, Any]:
     """One docs/results/ bench/e2e.py command, small; its JSON names the workloads.
-    ``options``: more of them set small (e.g. one of the command's workloads)."""
-    run(small(command(name), tmp, **E2E_SMALL, **options), timeout=900)
+    ``options``: more of them set small (e.g. one of the command's workloads), or set
+    otherwise than E2E_SMALL does."""
+    run(small(command(name), tmp, **{**E2E_SMALL, **options}), timeout=900)
     doc: dict[str, Any] = json.loads((tmp / out).read_text())
     assert doc["workloads"], name
     return doc
