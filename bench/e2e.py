@@ -447,15 +447,16 @@ def settle(sb: Sandbox, spec: dict[str, Any], seconds: float, run_s: int) -> lis
     5-minute run measured 256 tps and every later one about 170 (twice, 2026-11-27): a
     server settled on shorter runs than the session's may not be settled for them
     (--settle-run-s)."""
+    each = min(run_s, seconds)
     executor = TrialExecutor(
         TargetController.for_sandbox(sb),
         sb.dsn,
         _workload(spec),
-        duration_s=int(min(run_s, seconds)),
+        duration_s=int(each),
         warmup_s=0,
     )
     levels: list[float] = []
-    for i in range(math.ceil(seconds / min(run_s, seconds))):
+    for i in range(math.ceil(seconds / each)):
         out = executor.run(Candidate(i, {}, None, None, "baseline"), incumbent={})
         if out.error is not None or out.result is None:
             raise SystemExit(f"settling the server, run {i + 1}: {out.error}")
@@ -523,19 +524,19 @@ def run_workload(name: str, args: argparse.Namespace, chart: str | None = None) 
             session["target"] = registered
         finally:
             service.stop()
-        after_session = in_cgroup(sb)
+        in_cg = None if limits is None else {"after_session": in_cgroup(sb)}
+        record = {
+            "workload": spec["description"],
+            "profile": profile_of(limits),
+            "data": load,
+            "server_in_cgroup": in_cg,
+            "session": session,
+            "objective": spec.get("objective", "throughput"),
+        }
         if args.rounds == 0:
             # the session alone: its own runs are the figures (a session whose runs are
             # minutes long leaves no time for rounds in the same sitting)
-            return {
-                "workload": spec["description"],
-                "profile": profile_of(limits),
-                "data": load,
-                "server_in_cgroup": None if limits is None else {"after_session": after_session},
-                "session": session,
-                "objective": spec.get("objective", "throughput"),
-                "confirmation": None,
-            }
+            return {**record, "confirmation": None}
         hw = Hardware(
             ram_bytes=(limits.memory_bytes if limits and limits.memory_bytes else None)
             or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
@@ -546,7 +547,8 @@ def run_workload(name: str, args: argparse.Namespace, chart: str | None = None) 
         configs = {"default": {}, "pgtune": pgtune_config, "knobtune": session["best_config"]}
         print(f"{name}: confirmation, {args.rounds} rounds of A/B/C", file=sys.stderr)
         levels, missing, io = confirm(sb, configs, spec, args)
-        after_confirmation = in_cgroup(sb)
+        if in_cg is not None:
+            in_cg["after_confirmation"] = in_cgroup(sb)
     lower = Objective(kind=spec.get("objective", "throughput")).lower_is_better
     summary = summarize(levels, lower)
     vs_default = paired_gain(levels["knobtune"], levels["default"], lower)
@@ -557,15 +559,8 @@ def run_workload(name: str, args: argparse.Namespace, chart: str | None = None) 
     )
     low, high = vs_default["ci95"] or (None, None)
     return {
-        "workload": spec["description"],
-        "profile": profile_of(limits),
-        "data": load,
-        "server_in_cgroup": None
-        if limits is None
-        else {"after_session": after_session, "after_confirmation": after_confirmation},
+        **record,
         "pgtune_hardware": {"ram_bytes": hw.ram_bytes, "cpus": hw.cpus},
-        "session": session,
-        "objective": spec.get("objective", "throughput"),
         "pgtune_db_type": db_type,
         "configs": {"pgtune": pgtune_config, "knobtune": session["best_config"]},
         "confirmation": summary,

@@ -238,7 +238,8 @@ def guard_window(measured_s: float) -> int:
     over 30 s outlasts such a stall; a real collapse still costs a tenth of the run.
     """
     n = int(measured_s)
-    return max(1, min(n, max(min(5, max(3, n // 4)), min(30, n // 10))))
+    short = min(5, max(3, n // 4))  # the first seconds of a short run
+    return max(1, min(n, max(short, min(30, n // 10))))
 
 
 @dataclass
