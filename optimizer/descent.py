@@ -65,7 +65,9 @@ Every candidate is evaluated group-sequentially with :func:`optimizer.verdict.co
 * **Keeping** needs time-adjacent evidence: the window is the candidate's runs and the
   incumbent's runs from ``adjacent_gap`` trials before the first candidate run on, and
   it must be interleaved and balanced in time (I C I, then C I ...: every candidate run
-  bracketed by incumbent runs, mean times within ``balance`` runs). A step in the server's
+  bracketed by incumbent runs, mean times within ``balance`` runs). A window that is not
+  balanced only because of its earliest incumbent runs (I I C I) is judged without them
+  (I C I; :func:`optimizer.verdict.balanced_window`). A step in the server's
   load between the incumbent's runs and the candidate's then shows up as scatter, not as
   a gain. Issue 14's session kept a no-op work_mem change as +21.9% (p=0.022) from 2
   baseline runs before a load change and 3 candidate runs after it; tests/optimizer/
@@ -107,7 +109,7 @@ from optimizer.render import KnobNote, Recommendation
 from optimizer.settings import DescentSettings as DescentSettings
 from optimizer.settings import Evidence
 from optimizer.steps import Steps
-from optimizer.verdict import Verdict, compare, detectable_gain
+from optimizer.verdict import Verdict, balanced_window, compare, detectable_gain
 
 RESOLUTION = "what these runs could show"
 """How the note on the smallest effect a session could see begins (exports find it by it)."""
@@ -824,8 +826,12 @@ class CoordinateDescent:
             if cand:
                 v = None
                 if window_inc and window_cand:
-                    # time-adjacent: incumbent and candidate interleaved and balanced in time
-                    v = self._judge((inc_key, key), window_inc, window_cand)
+                    # time-adjacent: incumbent and candidate interleaved and balanced in time.
+                    # An incumbent run too many at the window's start (I I C I after the
+                    # baseline) unbalances it: its balanced part (I C I) is judged, while the
+                    # next run still balances the whole window (fewer runs: less power)
+                    judged = balanced_window(window_inc, window_cand, self.settings.balance)
+                    v = self._judge((inc_key, key), judged, window_cand)
                     # a shift between two runs inside the window (earlier ones do no harm:
                     # the window's runs all come after them)
                     found = [sh for sh in self.shifts if sh.earlier >= since]

@@ -18,6 +18,7 @@ from tests.optimizer.sim import (
     Bench,
     Noise,
     Surface,
+    Term,
     cliff_surface,
     descent,
     flat_surface,
@@ -720,3 +721,28 @@ def test_a_walk_cut_without_a_lead_has_nothing_undecided() -> None:
     while (c := opt.suggest()) is not None:
         opt.register(c, _flat(1000.0))
     assert opt.undecided is None
+
+
+def test_a_clear_gain_is_kept_on_i_c_i_after_the_baseline() -> None:
+    # one knob worth +50%: baseline, baseline, candidate, incumbent re-run, and the keep is
+    # judged on I C I (the first baseline run left out), not after a fifth run
+    hw = Hardware(ram_bytes=16 * GB, cpus=4)
+    s = Surface(
+        name="one-step",
+        hardware=hw,
+        names=("work_mem",),
+        start={"work_mem": "4MB"},
+        base=1000.0,
+        terms=(Term(("work_mem",), lambda w: 1.5 if float(w) >= 16 * 1024 else 1.0),),
+    )
+    opt = CoordinateDescent(
+        s.space, s.start, DescentSettings(max_trials=12), hints={"work_mem": "16MB"}
+    )
+    log = drive(opt, s, Bench(Noise(drift_sd=0.02), 7))
+    roles = [c.role for c, _ in log[:4]]
+    assert roles == ["baseline", "baseline", "candidate", "incumbent"]
+    trial, _name, _text, v = opt.verdicts[0]
+    assert trial == 3
+    assert v.keep
+    assert v.adjacent
+    assert v.runs == (2, 1)

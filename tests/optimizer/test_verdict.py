@@ -13,6 +13,7 @@ from optimizer.verdict import (
     Run,
     RunStat,
     adjacent_pairs,
+    balanced_window,
     compare,
     compare_paired,
     detectable_gain,
@@ -200,3 +201,27 @@ def test_more_scatter_or_fewer_runs_hide_larger_effects() -> None:
     assert detectable_gain(_runs([0.0] * 8), 6, min_gain=0.05, run_sd=0.001) == 0.05
     with pytest.raises(ValueError):
         detectable_gain(quiet, 0)
+
+
+def _at(times: list[int]) -> list[Run]:
+    return [Run(float(t), RunStat(0.0, 1e-4, 30)) for t in times]
+
+
+@pytest.mark.parametrize(
+    ("inc", "cand", "judged", "adjacent"),
+    [
+        ([0, 1, 3], [2], [1, 3], True),  # I I C I: its balanced part I C I
+        ([1, 3], [2], [1, 3], True),  # I C I: balanced already
+        ([0, 1, 3, 4], [2], [0, 1, 3, 4], True),  # I I C I I: balanced already
+        # I I C I C: no trim balances it and leaves an incumbent run before the first C
+        ([0, 1, 3], [2, 4], [0, 1, 3], False),
+        ([0, 1, 3, 5], [2, 4], [1, 3, 5], True),  # I I C I C I: I C I C I
+        ([0, 1], [2], [0, 1], False),  # not interleaved: nothing to trim towards
+    ],
+)
+def test_the_balanced_window_drops_only_its_earliest_incumbent_runs(
+    inc: list[int], cand: list[int], judged: list[int], adjacent: bool
+) -> None:
+    window = balanced_window(_at(inc), _at(cand), 0.5)
+    assert [int(r.t) for r in window] == judged
+    assert compare(window, _at(cand)).adjacent == adjacent
