@@ -85,6 +85,9 @@ hints 92.8/84.1/90.5% (92.8/82.3/91.9%). With a noisy neighbour (x0.6-0.9 a thir
 time, in ~2-minute episodes), 2-4% of whole no-op sessions recommended a change, against
 14.5% and 20% before time adjacency (incumbent runs from anywhere in the last 10 trials).
 The drift prior is pooled with the replicate runs of the whole session (``learn_noise``).
+Judging I I C I on its balanced part (2026-11-27, --no-tpe, against the rule before it): no-op
+candidates kept 0.74% (0.86%), +15% 91.5% (91.8%), +5% 23.2% (23.5%); with hints the oltp
+surface's 10th percentile 97.2 (88.9), medians unchanged (docs/results/search-quality.md).
 
 Everything is driven by ``suggest()``/``register()`` and is a pure function of the
 registered measurements (no randomness; ``seed`` is recorded only), so re-registering the
