@@ -41,6 +41,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from psycopg.conninfo import conninfo_to_dict
+
 from app.postgres import privilege
 
 # re-exported: callers have always found these in the sandbox manager
@@ -253,6 +255,18 @@ def _short_tmp() -> str:
     return tmp if len(tmp) <= _MAX_ROOT_LEN - 30 else "/tmp"  # noqa: S108 - socket path length
 
 
+_SOCKET_PREFIX = "knobtune-sock-"
+
+
+def remove_socket_dir(dsn: str) -> None:
+    """Remove the socket directory a sandbox's DSN names, when it is one of ours and empty:
+    a sandbox whose files were deleted by hand leaves it behind in /tmp otherwise."""
+    path = Path(str(conninfo_to_dict(dsn).get("host") or ""))
+    if path.is_absolute() and path.name.startswith(_SOCKET_PREFIX):
+        with contextlib.suppress(OSError):
+            path.rmdir()  # fails on anything but an empty directory
+
+
 @atexit.register
 def _cleanup() -> None:
     for sb in list(_live):
@@ -356,7 +370,7 @@ class Sandbox:
                 raise SandboxError(f"{root / 'data'} already exists; give an empty root")
         os.chown(root, uid, gid)
         os.chmod(root, 0o700)
-        socket_dir = Path(tempfile.mkdtemp(prefix="knobtune-sock-", dir=_short_tmp()))
+        socket_dir = Path(tempfile.mkdtemp(prefix=_SOCKET_PREFIX, dir=_short_tmp()))
         os.chown(socket_dir, uid, gid)
         # reachable by pgbench's unprivileged user; the socket itself needs a password
         os.chmod(socket_dir, 0o755)  # noqa: S103
@@ -676,6 +690,10 @@ class Sandbox:
     def start(self) -> None:
         if self.is_running():
             return
+        if not self.data_dir.is_dir():
+            # destroyed through another handle: making its socket directory again would
+            # leave an empty one behind in /tmp (one per suite run, owned by postgres)
+            raise SandboxError(f"{self.data_dir} is gone: the sandbox was removed; make a new one")
         if not self.socket_dir.exists():
             # A socket directory under /tmp does not survive a reboot of the host.
             self.socket_dir.mkdir(parents=True, mode=0o755)

@@ -13,7 +13,7 @@ from app.errors import ServiceError
 from app.models import Target
 from app.postgres.cgroups import Limits
 from app.postgres.restart import SANDBOX_METHOD
-from app.postgres.sandbox import Sandbox, SandboxError, free_port
+from app.postgres.sandbox import Sandbox, SandboxError, free_port, remove_socket_dir
 from app.settings import Settings
 from app.targets.holds import holders
 from app.targets.location import owned_by_this_service
@@ -68,6 +68,8 @@ def start_sandboxes(db: Database) -> None:
         except Exception as exc:
             reason = " ".join(str(exc).split())[:500]
         log.warning("sandbox of target %s (%s) cannot start: %s", t.name, root, reason)
+        if not root.exists():
+            remove_socket_dir(t.dsn)  # its files went; its socket directory in /tmp goes too
         try:
             delete_target(db, t.id, "keep")
         except ServiceError as exc:

@@ -284,10 +284,13 @@ def test_lost_sandbox_is_unregistered_at_start_never_left_idle() -> None:
         # The service stopped: its idle sandboxes are stopped, not removed.
         kept_root = Path(kept["data_dir"]).parent
         assert not Sandbox.open(kept_root).is_running()
+        lost_sock = Sandbox.open(Path(lost["data_dir"]).parent).socket_dir
+        assert lost_sock.is_dir()
         shutil.rmtree(Path(lost["data_dir"]).parent)  # e.g. someone cleaned the disk
         with TestClient(create_app(settings)) as c:
             names = [t["name"] for t in c.get("/api/v1/targets").json()]
             assert names == ["kept"]
+            assert not lost_sock.exists()  # its socket directory in /tmp went with it
             assert Sandbox.open(kept_root).is_running()  # started again with the service
             r = c.post("/api/v1/targets", json={"name": "lost", "sandbox": True})
             assert r.status_code == 201, r.text  # the name is free again

@@ -146,6 +146,10 @@ def test_long_root_and_reopen() -> None:
             again.destroy()
             assert not root.exists()  # it did not exist before create()
             assert not sb.socket_dir.exists()
+            # the first handle cannot start it again, nor leave a socket directory behind
+            with pytest.raises(SandboxError, match="is gone"):
+                sb.start()
+            assert not sb.socket_dir.exists()
         finally:
             sb.destroy()
         with pytest.raises(SandboxError, match="not a knobtune sandbox"):
