@@ -77,6 +77,7 @@ COMMANDS: dict[str, str] = {
     "results-tpcc-c2-settled": _C2_PARSE,
     "results-tpcc-c2-330-guard": _C2_PARSE,
     "results-tpcc-c2-330": _E2E.format("tpcc"),
+    "results-tpcc-c2-keep": _C2_PARSE,
     "results-tpcc-c2-steady": _STEADY,
     "results-tpcc-c2-steady-pgtune": _C2_PARSE,
     "results-chbench-ch1": _E2E.format("tpch"),

@@ -63,6 +63,7 @@ def test_the_page_command_runs(
         ("results-tpcc-c2-600", None),
         ("results-tpcc-c2-settled", None),
         ("results-tpcc-c2-330-guard", None),
+        ("results-tpcc-c2-keep", None),
         ("results-tpcc-c2-steady-pgtune", {"pgtune"}),
     ],
 )
