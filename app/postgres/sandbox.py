@@ -691,8 +691,8 @@ class Sandbox:
         if self.is_running():
             return
         if not self.data_dir.is_dir():
-            # destroyed through another handle: making its socket directory again would
-            # leave an empty one behind in /tmp (one per suite run, owned by postgres)
+            # removed through another handle: making its socket directory again would
+            # leave an empty one behind in /tmp
             raise SandboxError(f"{self.data_dir} is gone: the sandbox was removed; make a new one")
         if not self.socket_dir.exists():
             # A socket directory under /tmp does not survive a reboot of the host.
