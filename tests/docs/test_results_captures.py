@@ -93,11 +93,14 @@ def test_results_replay_fidelity(tmp_path: Path) -> None:
     res = run(block, timeout=950)
     assert "same sign" in res.stdout
     paced = _fidelity(tmp_path / "bench/results/replay-fidelity-sync-commit.json", None)
-    # the commit wait gone: the mix gains on the original. The replay's change at the
-    # captured pace is estimated, but from one 2 s run of a 10 s capture it is not a
+    # the commit wait gone: TPC-C's transactions a second gain on the original. Not the
+    # mix's throughput (the geometric mean with the reporting stream): in one 2 s run the
+    # reporting stream finishes a query or two and loses its share of the disk to a faster
+    # TPC-C (CI once: rate +98%, report latency +150%, the mean -8.5%). The replay's change
+    # at the captured pace is estimated, but from one 2 s run of a 10 s capture it is not a
     # measurement, not even its sign (+6.5% once on a CI-like run with four workers,
     # -13.8% on another): the page's full-size runs measured it (-38.7%, p=0.0015)
-    assert paced["original"]["level"]["throughput"]["gain"] > 0.1, paced["original"]
+    assert paced["original"]["level"]["rate"]["gain"] > 0.1, paced["original"]
     assert paced["replay"]["level"]["latency_mean"]["rounds"] == 1, paced["replay"]
     flat_doc = _fidelity(
         tmp_path / "bench/results/replay-fidelity-fresh.json", "rate_like_for_like"
