@@ -285,6 +285,9 @@ def test_performance_guard_stops_a_collapse_early_and_restores_the_incumbent(
         {
             "knobs": ["work_mem"],
             "max_trials": 5,
+            # the trial after the collapse (work_mem 1MB, a no-op here) was once kept on
+            # noise at min_gain 2%, on a CI run with four workers on 2 cores
+            "min_gain": 0.5,
             "final_check_runs": 0,
             "seed": 1,
             "hints": False,  # the walk's first step must be work_mem=16MB
@@ -302,7 +305,7 @@ def test_performance_guard_stops_a_collapse_early_and_restores_the_incumbent(
     assert "below 50% of the incumbent" in cand["reason"]
     assert cand["timings"]["bench_s"] < 6.5  # stopped after ~1 + 3 s, not the full 8 s
     assert 0 < cand["samples"]["n"] <= 4  # the seconds seen before the stop are kept
-    # The incumbent (work_mem 4MB) was applied again right after the stop.
+    # The incumbent (work_mem 4MB) stays the session's config and is back on the server.
     assert final["best_config"] == {"work_mem": "4MB"}
     assert final["baseline_tps"] > 1000  # the rejected run does not count in the summary
     assert file_settings(fresh_sandbox.dsn) == before
