@@ -116,19 +116,24 @@ def connect(
 
 
 # -- live view ----------------------------------------------------------------------
-def follow(api: Api, session_id: int) -> dict[str, Any]:
-    """Show trials and progress until the session ends; Ctrl-C cancels it cleanly.
+def follow(api: Api, session_id: int, announce: str) -> dict[str, Any]:
+    """Say ``announce`` ("session N ..."), then show trials and progress until the session
+    ends; Ctrl-C cancels it cleanly.
 
     On a terminal: a live table with a progress bar. Otherwise (logs, pipes): one
     line per finished trial, so the output reads well after the fact.
     """
-    # the handler first: a Ctrl-C right after "session N" appeared must cancel it too
+    # The handler before the line: a Ctrl-C right after "session N" appeared must cancel
+    # it too. Printed before the handler, a SIGINT in between was lost where the parent
+    # ignores SIGINT (a child inherits that; seen under a test runner's worker): the
+    # session ran to its end.
     with _CancelOnInterrupt(
         api,
         f"/api/v1/sessions/{session_id}/cancel",
         "interrupted: cancelling; the target is being restored...",
         functools.partial(print, file=sys.stderr),
     ) as interrupt:
+        print(announce, file=sys.stderr)
         from rich.console import Console
 
         console = Console(stderr=True)
@@ -448,12 +453,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     "seed": args.seed,
                 }
                 sess = api.call("POST", "/api/v1/sessions", json=body)
-                print(
+                final = follow(
+                    api,
+                    sess["id"],
                     f"session {sess['id']}: tuning {args.knobs} on a sort-heavy workload "
                     f"({args.duration} s per run)",
-                    file=sys.stderr,
                 )
-                final = follow(api, sess["id"])
                 return _report(api, final, out)
 
 
@@ -573,11 +578,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         elif args.speed is not None or args.replay_database is not None:
             raise CliError("--speed and --replay-database go with --replay CAPTURE")
         sess = api.call("POST", "/api/v1/sessions", json=_session_body(args, target["id"]))
-        print(f"session {sess['id']} started on {target['name']}", file=sys.stderr)
+        started = f"session {sess['id']} started on {target['name']}"
         if args.server and not args.follow:
+            print(started, file=sys.stderr)
             print(sess["id"])
             return 0
-        final = follow(api, sess["id"])
+        final = follow(api, sess["id"], started)
         return _report(api, final, Path(args.out).resolve())
 
 
