@@ -22,44 +22,36 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from app.postgres.sandbox import Sandbox
+from app.postgres.sandbox import Sandbox, remove_orphan_templates
 from app.settings import Settings
 
 SandboxFactory = Callable[..., Sandbox]
 
-# The slowest modules first, longest first (the suite's --durations): a worker that
-# picked one up late would otherwise run alone at the end.
+# The slowest modules first, longest first (their time on a full run with four workers,
+# 2026-11-27): a worker that picked one up late would otherwise run alone at the end.
+# pyproject.toml's --no-loadscope-reorder keeps this order: by default pytest-xdist hands
+# out the modules with the most tests first (the optimizer's), whatever the collection's
+# order: the 470 s module once started 500 s into the run, the 210 s one after 800 s.
 _SLOW_FIRST = (
-    "tests/docs/test_results_commands.py",
+    "tests/docs/test_results_captures.py",  # 470 s
+    "tests/docs/test_results_search_order.py",
+    "tests/docs/test_results_e2e_tpcc.py",
+    "tests/docs/test_results_e2e_oltp.py",
     "tests/docs/test_fresh_copy.py",
+    "tests/docs/test_results_commands.py",
+    "tests/app/sweeps/test_sweep.py",
     "tests/acceptance/test_service_lifecycle.py",
+    "tests/docs/test_captures.py",
+    "tests/docs/test_results_e2e_tpch.py",
+    "tests/app/api/test_security.py",
     "tests/docs/test_cli_commands.py",
     "tests/e2e/test_cli.py",
-    "tests/docs/test_cli_sessions.py",
-    "tests/docs/test_results_e2e_tpch.py",
-    "tests/docs/test_results_e2e_oltp.py",
-    "tests/app/api/test_security.py",
-    "tests/app/sweeps/test_sweep.py",
-    "tests/docs/test_results_e2e_tpcc.py",
-    "tests/docs/test_results_quality.py",
     "tests/e2e/test_faults.py",
-    "tests/docs/test_readme_steps.py",
+    "tests/docs/test_cli_sessions.py",
     "tests/app/sessions/test_builtin_sessions.py",
+    "tests/docs/test_results_quality.py",
     "tests/acceptance/test_readme.py",
-    "tests/acceptance/test_cli_user.py",
-    "tests/app/api/test_service_api.py",
-    "tests/e2e/test_dashboard.py",
-    "tests/docs/test_captures.py",
-    "tests/security/test_captures.py",
-    "tests/e2e/test_dashboard_captures.py",
-    "tests/e2e/test_sweep_resume.py",
-    "tests/e2e/test_crash_resume.py",
-    "tests/security/test_restart.py",
-    "tests/app/runs/test_guards.py",
-    "tests/app/workloads/test_chbench.py",
-    "tests/app/workloads/test_tpcc.py",
-    "tests/app/workloads/test_tpch.py",
-    "tests/app/workloads/test_streams.py",
+    "tests/acceptance/test_cli_user.py",  # 73 s
 )
 
 
@@ -67,6 +59,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Slow modules first (``--dist loadfile`` hands out whole modules in this order)."""
     rank = {m: i for i, m in enumerate(_SLOW_FIRST)}
     items.sort(key=lambda it: rank.get(it.nodeid.split("::")[0], len(rank)))  # stable
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Leave no initdb template behind: a process the tests killed (SIGKILL) cannot remove
+    its own (46 MB), and the next service start that would is not part of the suite."""
+    remove_orphan_templates()
 
 
 @pytest.fixture(scope="session")
