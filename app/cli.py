@@ -116,24 +116,29 @@ def connect(
 
 
 # -- live view ----------------------------------------------------------------------
-def follow(api: Api, session_id: int, announce: str) -> dict[str, Any]:
-    """Say ``announce`` ("session N ..."), then show trials and progress until the session
-    ends; Ctrl-C cancels it cleanly.
+def follow(
+    api: Api, body: dict[str, Any], announce: Callable[[dict[str, Any]], str]
+) -> dict[str, Any]:
+    """Start a session (``body``: its request), say ``announce(session)`` ("session N ..."),
+    then show trials and progress until it ends; Ctrl-C cancels it cleanly.
 
     On a terminal: a live table with a progress bar. Otherwise (logs, pipes): one
     line per finished trial, so the output reads well after the fact.
     """
-    # The handler before the line: a Ctrl-C right after "session N" appeared must cancel
-    # it too. Printed before the handler, a SIGINT in between was lost where the parent
-    # ignores SIGINT (a child inherits that; seen under a test runner's worker): the
-    # session ran to its end.
+    # The handler before the POST: a Ctrl-C while the session is being made, or right
+    # after "session N" appeared, must cancel it too. Outside it, a Ctrl-C during the POST
+    # left the session running, and one after the line was printed was lost where the CLI
+    # inherited SIGINT ignored (a test runner's worker): the session ran to its end.
     with _CancelOnInterrupt(
         api,
-        f"/api/v1/sessions/{session_id}/cancel",
+        None,  # known once the session is
         "interrupted: cancelling; the target is being restored...",
         functools.partial(print, file=sys.stderr),
     ) as interrupt:
-        print(announce, file=sys.stderr)
+        started = api.call("POST", "/api/v1/sessions", json=body)
+        session_id = started["id"]
+        interrupt.cancel_path = f"/api/v1/sessions/{session_id}/cancel"
+        print(announce(started), file=sys.stderr)
         from rich.console import Console
 
         console = Console(stderr=True)
@@ -155,7 +160,7 @@ class _CancelOnInterrupt:
     (a cancel lost there would leave the job running while the user waits)."""
 
     def __init__(
-        self, api: Api, cancel_path: str, message: str, say: Callable[[str], object]
+        self, api: Api, cancel_path: str | None, message: str, say: Callable[[str], object]
     ) -> None:
         self.api, self.cancel_path, self.message, self.say = api, cancel_path, message, say
         self.interrupted = self.sent = self.announced = self.retrying = False
@@ -173,8 +178,9 @@ class _CancelOnInterrupt:
             signal.signal(sig, handler)
 
     def poll(self) -> None:
-        """Post the cancel if an interrupt came and the service has not taken it yet."""
-        if not self.interrupted or self.sent:
+        """Post the cancel if an interrupt came and the service has not taken it yet (once
+        the job's cancel_path is known)."""
+        if not self.interrupted or self.sent or self.cancel_path is None:
             return
         if not self.announced:
             self.say(self.message)
@@ -452,12 +458,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     "max_trials": args.max_trials,
                     "seed": args.seed,
                 }
-                sess = api.call("POST", "/api/v1/sessions", json=body)
                 final = follow(
                     api,
-                    sess["id"],
-                    f"session {sess['id']}: tuning {args.knobs} on a sort-heavy workload "
-                    f"({args.duration} s per run)",
+                    body,
+                    lambda sess: (
+                        f"session {sess['id']}: tuning {args.knobs} on a sort-heavy "
+                        f"workload ({args.duration} s per run)"
+                    ),
                 )
                 return _report(api, final, out)
 
@@ -577,13 +584,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
             args.replay_id = find_capture(api, args.replay)["id"]
         elif args.speed is not None or args.replay_database is not None:
             raise CliError("--speed and --replay-database go with --replay CAPTURE")
-        sess = api.call("POST", "/api/v1/sessions", json=_session_body(args, target["id"]))
-        started = f"session {sess['id']} started on {target['name']}"
+        body = _session_body(args, target["id"])
         if args.server and not args.follow:
-            print(started, file=sys.stderr)
+            sess = api.call("POST", "/api/v1/sessions", json=body)
+            print(f"session {sess['id']} started on {target['name']}", file=sys.stderr)
             print(sess["id"])
             return 0
-        final = follow(api, sess["id"], started)
+        final = follow(api, body, lambda sess: f"session {sess['id']} started on {target['name']}")
         return _report(api, final, Path(args.out).resolve())
 
 
