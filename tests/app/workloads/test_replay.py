@@ -269,7 +269,9 @@ def test_trials_of_a_session_measure_the_replayed_statements(sb: Sandbox) -> Non
         assert out.result.db_metrics is not None
         temp_files = out.result.db_metrics["temp_files"]
         if config is small:
-            assert temp_files >= sort.n, (temp_files, sort)
+            # all but the last second's: a backend reports its counters at most once a
+            # second, and the run's may be read before its last report (CI once: 11 of 12)
+            assert temp_files >= sort.n - 4, (temp_files, sort)
         else:
             assert temp_files == 0, temp_files
     # and the trial's per-label stats agree with stream_stat on the same run
