@@ -585,12 +585,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
         elif args.speed is not None or args.replay_database is not None:
             raise CliError("--speed and --replay-database go with --replay CAPTURE")
         body = _session_body(args, target["id"])
+
+        def started(sess: dict[str, Any]) -> str:
+            return f"session {sess['id']} started on {target['name']}"
+
         if args.server and not args.follow:
             sess = api.call("POST", "/api/v1/sessions", json=body)
-            print(f"session {sess['id']} started on {target['name']}", file=sys.stderr)
+            print(started(sess), file=sys.stderr)
             print(sess["id"])
             return 0
-        final = follow(api, body, lambda sess: f"session {sess['id']} started on {target['name']}")
+        final = follow(api, body, started)
         return _report(api, final, Path(args.out).resolve())
 
 
