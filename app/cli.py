@@ -38,7 +38,30 @@ DEMO_SORT_SQL = (
 
 
 class CliError(Exception):
-    """One line for the user, saying what to do; printed without a traceback."""
+    """One line for the user, saying what to do; printed without a traceback (exit 1)."""
+
+
+class UsageError(CliError):
+    """Options that do not go together: a usage error like argparse's own (exit 2)."""
+
+
+# Exit statuses (docs/cli.md has the table). A finished session's comes from its outcome
+# (app/sessions/summary.py: outcome(), the API's SessionOut.outcome), so a script reads
+# the same answer as the API's clients.
+EXIT_OK = 0  # done; for a session: a better config, confirmed by the final check
+EXIT_ERROR = 1  # the command could not do what was asked (the message says why)
+EXIT_USAGE = 2  # a usage error: argparse's, or options that do not go together
+EXIT_NO_CHANGE = 3  # the session finished and recommends no change
+EXIT_UNCONFIRMED = 4  # the session finished with a gain its final check did not confirm
+EXIT_FAILED = 5  # the session (or sweep, capture) ran and failed; the target was restored
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM, or the session was cancelled
+EXIT_BY_OUTCOME = {
+    "confirmed": EXIT_OK,
+    "no-change": EXIT_NO_CHANGE,
+    "unconfirmed": EXIT_UNCONFIRMED,
+    "failed": EXIT_FAILED,
+    "cancelled": EXIT_INTERRUPTED,
+}
 
 
 # -- API access --------------------------------------------------------------------
@@ -290,28 +313,68 @@ class _LineView:
         self.phase = sess["phase"]
 
 
-def write_outputs(api: Api, session_id: int, out: Path) -> tuple[Path, Path]:
+def session_files(out: Path, session_id: int) -> list[Path]:
+    """A session's files in ``out``: its config, chart and record (the API's session), named
+    so that none can pass for a live postgresql.conf."""
+    return [out / f"knobtune-session-{session_id}.{ext}" for ext in ("conf", "svg", "json")]
+
+
+def out_dir(args: argparse.Namespace) -> Path | None:
+    """``--out DIR`` checked before anything runs (None: no file is written)."""
+    from app.outfiles import OutputRefused, check_dir
+
+    if args.out is None:
+        return None
+    try:
+        check_dir(Path(args.out), force=args.force)
+    except OutputRefused as exc:
+        raise CliError(f"--out: {exc}") from None
+    return Path(args.out).expanduser()
+
+
+def _write(path: Path, text: str, *, force: bool, mode: int = 0o644) -> None:
+    from app.outfiles import OutputRefused, write_file
+
+    try:
+        write_file(path, text.encode(), mode=mode, force=force)
+    except OutputRefused as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def write_outputs(api: Api, sess: dict[str, Any], out: Path, *, force: bool) -> list[Path]:
+    """The session's config, chart and record into ``out`` (see app/outfiles.py); their
+    paths as ``out`` was given."""
     from app.chart import final_label, points_of, render_svg
+    from app.outfiles import OutputRefused, check_dir, check_free
     from app.sessions.summary import chart_axis
 
-    out.mkdir(parents=True, exist_ok=True)
-    conf = out / "postgresql.conf"
-    conf.write_text(api.call("GET", f"/api/v1/sessions/{session_id}/config"))
-    sess = api.call("GET", f"/api/v1/sessions/{session_id}")
+    session_id = int(sess["id"])
+    paths = session_files(out, session_id)
+    try:
+        check_dir(out, force=force)  # again: the directory may have changed meanwhile
+        check_free(paths, force=force)  # all or none
+        out.mkdir(parents=True, exist_ok=True)
+    except OutputRefused as exc:
+        raise CliError(
+            f"{exc} (the session is stored: 'knobtune export {session_id}' prints its config)"
+        ) from None
+    conf = api.call("GET", f"/api/v1/sessions/{session_id}/config")
     trials = api.call("GET", f"/api/v1/sessions/{session_id}/trials")
     axis, unit = chart_axis(str(sess["request"].get("objective", "throughput")))
-    chart = out / "knobtune-chart.svg"
-    chart.write_text(
-        render_svg(
-            points_of(trials, unit=unit),
-            baseline=sess["baseline_tps"] if unit == "tps" else None,
-            title=f"knobtune session {session_id}: {axis.split(' (')[0]}",
-            final_label=final_label(sess),
-            axis=axis,
-            unit=unit,
-        )
+    chart = render_svg(
+        points_of(trials, unit=unit),
+        baseline=sess["baseline_tps"] if unit == "tps" else None,
+        title=f"knobtune session {session_id}: {axis.split(' (')[0]}",
+        final_label=final_label(sess),
+        axis=axis,
+        unit=unit,
     )
-    return conf, chart
+    record = json.dumps(sess, indent=2) + "\n"
+    for path, text in zip(paths, (conf, chart, record), strict=True):
+        _write(path, text, force=force)
+    return paths
 
 
 # -- commands ------------------------------------------------------------------------
@@ -413,9 +476,15 @@ def _read_script(path: str) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from app.outfiles import OutputRefused, check_free
     from app.postgres.sandbox import Sandbox
 
-    out = Path(args.out).resolve()
+    out = out_dir(args)
+    if out is not None:
+        try:  # the demo's session is the first of a new metadata DB: session 1
+            check_free(session_files(out, 1), force=args.force)
+        except OutputRefused as exc:
+            raise CliError(f"--out: {exc}") from None
     limits = _profile_limits(args.profile)
     with tempfile.TemporaryDirectory(prefix="knobtune-demo-") as tmp:
         print("creating a sandbox PostgreSQL cluster...", file=sys.stderr)
@@ -466,7 +535,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                         f"workload ({args.duration} s per run)"
                     ),
                 )
-                return _report(api, final, out)
+                return _report(api, final, out, force=args.force, demo=True)
 
 
 def _profile_limits(name: str | None) -> Limits | None:
@@ -479,21 +548,46 @@ def _profile_limits(name: str | None) -> Limits | None:
         raise CliError(f"--profile {name}: {exc}") from None
 
 
-def _report(api: Api, final: dict[str, Any], out: Path) -> int:
-    """The end of a tune or demo: the result in plain words, the files written."""
-    if final["status"] == "cancelled":
+def _report(
+    api: Api, final: dict[str, Any], out: Path | None, *, force: bool, demo: bool = False
+) -> int:
+    """The end of a tune or demo: the result in plain words, the files written (only with
+    --out), and the exit status of the session's outcome."""
+    from app.sessions.summary import outcome
+
+    result = final.get("outcome") or outcome(
+        final["status"],
+        final.get("gain_status"),
+        final.get("start_config"),
+        final.get("best_config"),
+    )  # the API's; computed alike for a service older than the field
+    if result == "cancelled":
         print("cancelled: the target was restored", file=sys.stderr)
-        return 130
-    if final["status"] == "failed":
-        raise CliError(f"session failed: {final['error']}")
-    conf, chart = write_outputs(api, final["id"], out)
-    for line in result_lines(final):
+        return EXIT_INTERRUPTED
+    if result == "failed":
+        _fail(CliError(f"session failed: {final['error']}"))
+        return EXIT_FAILED
+    for line in report_lines(final):
         print(line)
-    for line in evidence_lines(final):
-        print(line)
-    print(f"recommended config: {conf}")
-    print(f"chart: {chart}")
-    return 0
+    if out is not None:
+        for what, path in zip(
+            ("config", "chart", "record"), write_outputs(api, final, out, force=force), strict=True
+        ):
+            print(f"{what}: {path}")
+    elif demo:
+        print("no file written: --out DIR keeps the config, the chart and the session's record")
+    else:
+        sid = final["id"]
+        print(
+            f"no file written: 'knobtune export {sid} > knobtune-session-{sid}.conf' prints "
+            "the config (--out DIR writes it with the chart and the session's record)"
+        )
+    return EXIT_BY_OUTCOME.get(result or "", EXIT_ERROR)
+
+
+def report_lines(final: dict[str, Any]) -> list[str]:
+    """The result a finished tune or demo prints (the API's session): README's sample."""
+    return result_lines(final) + evidence_lines(final)
 
 
 def result_lines(sess: dict[str, Any]) -> list[str]:
@@ -551,26 +645,29 @@ def _cli_restart(args: argparse.Namespace) -> dict[str, Any] | None:
     if not command:
         return None
     if args.server:
-        raise CliError(
+        raise UsageError(
             "--restart-command configures the in-process service only; a running service "
             "restarts targets with the methods its operator configured "
             "(KNOBTUNE_RESTART_METHODS): give --restart-method NAME"
         )
     if args.restart_method:
-        raise CliError("give --restart-command or --restart-method, not both")
+        raise UsageError("give --restart-command or --restart-method, not both")
     try:
         argv = shlex.split(command)
     except ValueError as exc:
-        raise CliError(f"--restart-command: {exc}") from None
+        raise UsageError(f"--restart-command: {exc}") from None
     if not argv:
-        raise CliError("--restart-command is empty")
+        raise UsageError("--restart-command is empty")
     args.restart_method = CLI_METHOD
     return {CLI_METHOD: {"kind": "command", "argv": argv}}
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
     if (args.target is None) == (args.dsn is None):
-        raise CliError("give --target NAME (a registered target) or --dsn DSN, one of them")
+        raise UsageError("give --target NAME (a registered target) or --dsn DSN, one of them")
+    if args.server and not args.follow and args.out is not None:
+        raise UsageError("--out writes a session's files when it ends: add --follow")
+    out = out_dir(args)  # refused now, not after the session
     url = args.database_url
     if args.target is not None and not args.server:
         url = _existing_metadata_db(args, f"no target {args.target!r}: ")
@@ -583,7 +680,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if args.replay is not None:
             args.replay_id = find_capture(api, args.replay)["id"]
         elif args.speed is not None or args.replay_database is not None:
-            raise CliError("--speed and --replay-database go with --replay CAPTURE")
+            raise UsageError("--speed and --replay-database go with --replay CAPTURE")
         body = _session_body(args, target["id"])
 
         def started(sess: dict[str, Any]) -> str:
@@ -595,7 +692,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             print(sess["id"])
             return 0
         final = follow(api, body, started)
-        return _report(api, final, Path(args.out).resolve())
+        return _report(api, final, out, force=args.force)
 
 
 def target_name_for(dsn: str) -> str:
@@ -702,9 +799,17 @@ def _result_cell(s: dict[str, Any]) -> str:
     return f"{head} {label or (status or '').upper()}".strip()
 
 
+def _print_json(doc: Any) -> None:
+    """--json: the API's response as it came (passwords masked by the API)."""
+    print(json.dumps(doc, indent=2))
+
+
 def cmd_sessions(args: argparse.Namespace) -> int:
     with reader(args) as api:
         rows = api.call("GET", "/api/v1/sessions", params={"limit": args.limit})
+    if args.json:
+        _print_json(rows)
+        return 0
     if not rows:
         where = args.server or "this metadata DB"
         print(
@@ -724,11 +829,20 @@ def cmd_sessions(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from app.sessions.summary import note_kind
-
     with reader(args, f"no session {args.id}: ") as api:
         sess = api.call("GET", f"/api/v1/sessions/{args.id}")
+        if args.json:
+            _print_json(sess)
+            return 0
         applies = api.call("GET", f"/api/v1/sessions/{args.id}/applies")
+    print("\n".join(status_lines(sess, applies)))
+    return 0
+
+
+def status_lines(sess: dict[str, Any], applies: list[dict[str, Any]]) -> list[str]:
+    """What `knobtune status` prints for a session (the API's session and its applies)."""
+    from app.sessions.summary import note_kind
+
     prog = sess["progress"]
     planned = prog["trials_planned"]
     lines = result_lines(sess)
@@ -743,8 +857,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     lines += [f"note: {n}" for n in notes] + [f"WARNING: {w}" for w in warnings]
     for ap in applies:
         lines.append(f"apply #{ap['id']} to {ap['target_name']}: {ap['message']}")
-    print("\n".join(lines))
-    return 0
+    return lines
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -806,6 +919,9 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_targets(args: argparse.Namespace) -> int:
     with reader(args) as api:
         targets = api.call("GET", "/api/v1/targets")
+    if args.json:
+        _print_json(targets)
+        return 0
     if not targets:
         print(
             "no targets; register one with 'knobtune targets add NAME --dsn DSN'", file=sys.stderr
@@ -824,7 +940,7 @@ def cmd_targets_add(args: argparse.Namespace) -> int:
     if args.profile is not None:
         args.sandbox = True
     if bool(args.dsn) == bool(args.sandbox):
-        raise CliError("give --dsn DSN (a server of yours) or --sandbox (a new local one)")
+        raise UsageError("give --dsn DSN (a server of yours) or --sandbox (a new local one)")
     body: dict[str, Any] = {"name": args.name}
     if args.dsn:
         body["dsn"] = args.dsn
@@ -932,7 +1048,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     for line in _capture_lines(cap):
         print(line)
     if cap["status"] == "failed":
-        raise CliError(f"capture failed: {cap['error']}")
+        _fail(CliError(f"capture failed: {cap['error']}"))
+        return EXIT_FAILED
     if cap["status"] == "cancelled":
         print(
             "cancelled: the logging settings were restored; the capture keeps the statements "
@@ -1051,10 +1168,24 @@ def cmd_captures_download(args: argparse.Namespace) -> int:
             raise CliError(f"cannot reach the knobtune service: {exc}") from exc
     if r.status_code >= 400:
         raise CliError(_detail(r))
-    out = Path(args.out or f"capture-{cap['id']}.log.gz")
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds user data
-    with os.fdopen(fd, "wb") as f:
-        f.write(r.content)
+    if args.out is None:
+        if sys.stdout.isatty():
+            raise UsageError(
+                "the log is gzip data: give --out FILE, or redirect the output to a file"
+            )
+        sys.stdout.buffer.write(r.content)
+        sys.stdout.flush()
+        return 0
+    from app.outfiles import OutputRefused, check_dir, write_file
+
+    out = Path(args.out).expanduser()
+    try:
+        check_dir(out.parent, force=args.force)
+        write_file(out, r.content, mode=0o600, force=args.force)  # it holds user data
+    except OutputRefused as exc:
+        raise CliError(f"--out: {exc}") from None
+    except OSError as exc:
+        raise CliError(f"cannot write {out}: {exc.strerror or exc}") from None
     print(f"capture {cap['id']}'s log written to {out} (gzip, mode 0600: it holds the data)")
     return 0
 
@@ -1062,7 +1193,7 @@ def cmd_captures_download(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Sweep client counts on a target (by --target id, or --dsn: found or registered)."""
     if (args.target is None) == (args.dsn is None):
-        raise CliError("give exactly one of --dsn or --target")
+        raise UsageError("give exactly one of --dsn or --target")
     body: dict[str, Any] = {
         "builtin": args.builtin,
         "scale": args.scale,
@@ -1073,11 +1204,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         "jobs": args.jobs,
         "connect_cost": args.connect_cost,
     }
+    out = out_dir(args)  # refused now, not after the sweep
     if args.clients:
         try:
             body["clients"] = [int(c) for c in args.clients.split(",") if c.strip()]
         except ValueError:
-            raise CliError(
+            raise UsageError(
                 f"--clients must be comma-separated integers, not {args.clients!r}"
             ) from None
     with connect(args.server, args.token, database_url=args.database_url) as api:
@@ -1090,11 +1222,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"sweep {sw['id']} started on {target['name']}", file=sys.stderr)
         sw = _follow_sweep(api, int(sw["id"]))
         if sw["status"] == "failed":
-            raise CliError(f"sweep failed: {sw['error']}")
-        out = Path(args.out).resolve()
-        out.mkdir(parents=True, exist_ok=True)
-        chart = out / f"knobtune-sweep-{sw['id']}.svg"
-        chart.write_text(api.call("GET", f"/api/v1/sweeps/{sw['id']}/chart.svg"))
+            _fail(CliError(f"sweep failed: {sw['error']}"))
+            return EXIT_FAILED
+        chart = None
+        if out is not None:
+            chart = out / f"knobtune-sweep-{sw['id']}.svg"
+            out.mkdir(parents=True, exist_ok=True)
+            _write(chart, api.call("GET", f"/api/v1/sweeps/{sw['id']}/chart.svg"), force=args.force)
     print(f"{'clients':>7} {'tps':>9} {'95% interval':>19} {'p99 ms':>8} {'CPU':>5}  ")
     for p in sw["points"]:
         if p["tps"] is None:
@@ -1111,8 +1245,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(sw["cpu_note"])
     for line in sw["advice"]:
         print(line)
-    print(f"chart: {chart}")
-    return 130 if sw["status"] == "cancelled" else 0
+    if chart is not None:
+        print(f"chart: {chart}")
+    else:
+        print(f"chart: none written (--out DIR writes knobtune-sweep-{sw['id']}.svg)")
+    return EXIT_INTERRUPTED if sw["status"] == "cancelled" else EXIT_OK
 
 
 def _follow_sweep(api: Api, sweep_id: int) -> dict[str, Any]:
@@ -1191,6 +1328,29 @@ def build_parser() -> argparse.ArgumentParser:
             "sqlite:///knobtune.db in the current directory)",
         )
 
+    def json_option(sp: argparse.ArgumentParser, default: Any = False) -> None:
+        sp.add_argument(
+            "--json",
+            action="store_true",
+            default=default,
+            help="print the REST API's response as JSON (the same fields, passwords masked)",
+        )
+
+    def out_options(sp: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+        sp.add_argument(
+            "--out",
+            metavar="DIR",
+            help="write the session's files there: knobtune-session-N.conf (the config), .svg "
+            "(the chart) and .json (its record); never into a data directory (default: no "
+            "file)",
+        )
+        sp.add_argument(
+            "--force",
+            action="store_true",
+            help="replace those files if they exist; write into a directory holding a "
+            "postgresql.conf (default: refuse both)",
+        )
+
     def server_facts(sp: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
         sp.add_argument(
             "--ram-gib",
@@ -1234,10 +1394,8 @@ def build_parser() -> argparse.ArgumentParser:
         "revision", nargs="?", help="Alembic revision (default: head to upgrade, base to downgrade)"
     )
 
-    s = command("demo", "tune a throw-away sandbox cluster and write the results here", cmd_demo)
-    s.add_argument(
-        "--out", default=".", metavar="DIR", help="where postgresql.conf and the chart go"
-    )
+    s = command("demo", "tune a throw-away sandbox cluster and show the result", cmd_demo)
+    out_options(s)
     s.add_argument("--knobs", default="work_mem", help="comma-separated knobs to tune")
     s.add_argument(
         "--duration",
@@ -1269,9 +1427,11 @@ def build_parser() -> argparse.ArgumentParser:
     t = command("targets", "list, add or remove the servers knobtune may tune", cmd_targets)
     # `knobtune targets` alone lists them; the options belong to each action
     t.set_defaults(server=None, token=os.environ.get("KNOBTUNE_API_TOKEN"), database_url=None)
+    json_option(t)  # `knobtune targets --json`
     tsub = t.add_subparsers(dest="action", metavar="ACTION")
     s = tsub.add_parser("list", help="list the registered targets", formatter_class=_Help)
     s.set_defaults(func=cmd_targets)
+    json_option(s, default=argparse.SUPPRESS)  # keeps `targets --json list`'s
     remote(s)
     s = tsub.add_parser(
         "add",
@@ -1517,9 +1677,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     search.add_argument("--seed", type=int, help="random seed of the search (default: random)")
     out = s.add_argument_group("output")
-    out.add_argument(
-        "--out", default=".", metavar="DIR", help="where postgresql.conf and the chart go"
-    )
+    out_options(out)
     out.add_argument(
         "--follow",
         action="store_true",
@@ -1529,6 +1687,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = command("status", "a session's progress and result in plain words", cmd_status)
     s.add_argument("id", type=int, help="the session's id (see 'knobtune sessions')")
+    json_option(s)
     remote(s)
 
     s = command("cancel", "stop a running session; the target is restored", cmd_cancel)
@@ -1537,6 +1696,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = command("sessions", "list sessions, newest first, with their result", cmd_sessions)
     s.add_argument("--limit", type=int, default=20, metavar="N", help="how many to list")
+    json_option(s)
     remote(s)
 
     s = command("export", "print a session's recommended config", cmd_export)
@@ -1665,7 +1825,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--out",
         metavar="FILE",
-        help="where to write it, gzip, mode 0600 (default: capture-ID.log.gz here)",
+        help="where to write it, gzip, mode 0600 (default: to standard output, when that is "
+        "not a terminal)",
+    )
+    s.add_argument(
+        "--force",
+        action="store_true",
+        help="replace FILE if it exists; write into a directory holding a postgresql.conf",
     )
     remote(s)
 
@@ -1717,7 +1883,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="measure a new connection per transaction (-C) at the knee (default: yes)",
     )
-    s.add_argument("--out", default=".", metavar="DIR", help="where the chart goes")
+    s.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write the chart there, as knobtune-sweep-N.svg (default: no file)",
+    )
+    s.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing chart; write into a directory holding a postgresql.conf",
+    )
     remote(s)
     return p
 
@@ -1741,10 +1916,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except CliError as exc:
         _fail(exc)
-        return 2
+        return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_ERROR
     except KeyboardInterrupt:
         print("knobtune: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as exc:
         # Errors a user can cause arrive as our own types; anything else still
         # gets one line (the service logs have the details).
@@ -1752,7 +1927,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if isinstance(exc, PostgresNotInstalled | FileNotFoundError | PermissionError):
             _fail(exc)
-            return 2
+            return EXIT_ERROR
         raise
 
 

@@ -573,6 +573,9 @@ class SessionOut(BaseModel):
     # how sure `gain` is: confirmed (the final check measured it), unconfirmed (the check
     # did not complete: runs minutes apart, may be load drift), no-change, none
     gain_status: str | None
+    # a finished session's outcome: confirmed, no-change, unconfirmed, failed, cancelled
+    # (None while queued or running); the CLI's exit status says the same
+    outcome: str | None = None
     gain_p_value: float | None
     gain_ci: list[float] | None  # 95% interval of gain
     # what `gain` measures, in words: "throughput +12.0%", "query time -23.0%"

@@ -16,7 +16,7 @@ from app.models import Target, Trial, TuningSession
 from app.preflight import PreflightError, check_workload
 from app.runs.heartbeat import request_cancel
 from app.schemas import Progress, SessionIn, SessionOut, TrialOut
-from app.sessions.summary import headline, resolution_note, summary
+from app.sessions.summary import headline, outcome, resolution_note, summary
 from app.targets.holds import server_holder
 from app.targets.service import ensure_server_id
 from app.tuning import (
@@ -196,6 +196,7 @@ def session_out(
         best_tps=sess.best_tps,
         gain=sess.gain,
         gain_status=sess.gain_status,
+        outcome=outcome(sess.status, sess.gain_status, sess.start_config, sess.best_config),
         gain_p_value=sess.gain_p_value,
         gain_ci=ci,
         gain_text=gain_text(objective, sess.gain),

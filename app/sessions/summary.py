@@ -57,6 +57,39 @@ def changed_knobs(start: Mapping[str, str] | None, best: Mapping[str, str] | Non
     )
 
 
+OUTCOMES = ("confirmed", "no-change", "unconfirmed", "failed", "cancelled")
+"""A finished session's outcome (None while it is queued or running):
+
+- ``confirmed``: a better config, confirmed by the final check: apply it;
+- ``no-change``: nothing to recommend (nothing kept, below min_gain, or not credible);
+- ``unconfirmed``: a config was found, but the final check did not complete;
+- ``failed``: the session failed (the target was restored);
+- ``cancelled``: someone cancelled it (the target was restored).
+
+The API's ``SessionOut.outcome`` and the CLI's exit status both come from :func:`outcome`,
+and :func:`summary` draws the same lines (tests/app/cli/test_exit_codes.py checks it)."""
+
+
+def outcome(
+    status: str,
+    gain_status: str | None,
+    start: Mapping[str, str] | None,
+    best: Mapping[str, str] | None,
+) -> str | None:
+    """The outcome of a session (one of :data:`OUTCOMES`), None while it is not finished."""
+    if status in ("failed", "cancelled"):
+        return status
+    if status != "succeeded":
+        return None
+    if not changed_knobs(start, best):
+        return "no-change"
+    if gain_status == "confirmed":
+        return "confirmed"
+    if gain_status == "unconfirmed":
+        return "unconfirmed"
+    return "no-change"  # none, no-change, not-credible: keep the current settings
+
+
 def summary(
     *,
     session_id: int,

@@ -62,10 +62,11 @@ def test_tune_dsn_with_an_untyped_script(user_dir: Path) -> None:
             text=True,
             timeout=540,
         )
-        assert res.returncode == 0, res.stderr[-4000:]
-        assert "recommended config:" in res.stdout
+        # finished (a confirmed gain, no change, or unconfirmed: docs/cli.md's exit codes)
+        assert res.returncode in (0, 3, 4), res.stderr[-4000:]
+        assert "config: out/knobtune-session-1.conf" in res.stdout
         assert (
-            (user_dir / "out" / "postgresql.conf")
+            (user_dir / "out" / "knobtune-session-1.conf")
             .read_text()
             .startswith("# knobtune recommendation")
         )
@@ -96,7 +97,7 @@ def test_tune_dsn_refuses_a_broken_script_before_touching_the_server(user_dir: P
             text=True,
             timeout=300,
         )
-        assert res.returncode == 2, res.stderr
+        assert res.returncode == 1, res.stderr
         assert 'relation "missing_table" does not exist' in res.stderr
         assert "workload.scripts[0], line 2" in res.stderr
         assert "Traceback" not in res.stderr

@@ -47,7 +47,7 @@ def test_rest_walkthrough_in_a_fresh_directory(user_dir: Path) -> None:
     assert proc.returncode == 0, out[-4000:]
 
     # The session finished, through the final step, on the defaults.
-    conf = (user_dir / "postgresql.conf").read_text()
+    conf = (user_dir / "knobtune-session-1.conf").read_text()
     assert conf.startswith("# knobtune recommendation"), conf
     doc = json.loads((user_dir / "knobtune.json").read_text())
     assert doc["header"]["status"] == "succeeded", doc["header"]

@@ -100,7 +100,8 @@ def test_capture_replay_workflow(user_dir: Path) -> None:
         # runs of 4 s: the replay's first 4 s of the 10 s capture (60 s runs replay all of it)
         small = replace(tune, "--speed 1", "--speed 1 --duration 4 --knobs work_mem --max-trials 5")
         res = bash(small + " --final-check-runs 0", user_dir, 300, **env)
-        assert res.returncode == 0, res.stderr[-3000:]
+        # no final check: no change (3) or an unconfirmed gain (4), never a confirmed one
+        assert res.returncode in (3, 4), res.stderr[-3000:]
 
         res = bash(command("captures-delete"), user_dir, 120, **env)
         assert res.returncode == 0, res.stderr[-3000:]

@@ -42,7 +42,8 @@ def test_tune_tpch_keeps_the_power_test_single_client(user_dir: Path, staging: S
         "--duration 3 --knobs work_mem --max-trials 7 --final-check-runs 2",
     )
     res = bash(small, user_dir, 500)
-    assert res.returncode == 0, res.stderr[-3000:]
+    # finished: a confirmed gain (0), no change (3) or unconfirmed (4): docs/cli.md
+    assert res.returncode in (0, 3, 4), res.stderr[-3000:]
     assert "clients=8" not in res.stderr
     assert "query time (geometric mean)" in res.stdout
     status = knobtune("status", "1", cwd=user_dir)
@@ -62,7 +63,9 @@ def test_sweep_cli(user_dir: Path, staging: Sandbox) -> None:
     res = bash(small, user_dir, 300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "sweep 1 started on staging" in res.stderr
-    assert "chart:" in res.stdout
+    # no --out: no chart written, and it says how to get one
+    assert "chart: none written (--out DIR writes knobtune-sweep-1.svg)" in res.stdout
+    assert not list(user_dir.glob("*.svg"))
 
 
 @pytest.mark.timeout(120)

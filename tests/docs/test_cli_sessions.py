@@ -32,7 +32,8 @@ def test_targets_cancel_export_and_rollback_with_yes(user_dir: Path, staging: Sa
         "--duration", "2", "--warmup", "1", "--clients", "2", "--jobs", "1",
         "--max-trials", "7", "--final-check-runs", "2", cwd=user_dir, timeout=400,
     )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
+    # finished: a confirmed gain (0), or one 2 s runs left unconfirmed (4) or not credible (3)
+    assert res.returncode in (0, 3, 4), res.stderr[-3000:]
     before = file_settings(staging.dsn)
     res = knobtune("apply", "1", "--force", cwd=user_dir)
     assert res.returncode == 0, res.stderr
@@ -48,7 +49,7 @@ def test_targets_cancel_export_and_rollback_with_yes(user_dir: Path, staging: Sa
         conn.execute("ALTER SYSTEM SET random_page_cost = '1.5'")
         conn.execute("SELECT pg_reload_conf()")
     res = knobtune("rollback", "1", cwd=user_dir)
-    assert res.returncode == 2
+    assert res.returncode == 1
     assert "random_page_cost" in res.stderr
     assert "--yes" in res.stderr
     res = bash(command("tuning-rollback-yes"), user_dir)

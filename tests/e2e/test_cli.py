@@ -151,7 +151,7 @@ def test_interrupting_the_demo_removes_the_sandbox(tmp_path: Path, sig: signal.S
     root = re.search(r"sandbox at (\S+)", seen)
     assert root is not None
     assert not Path(root.group(1)).exists()
-    assert not (tmp_path / "out" / "postgresql.conf").exists()
+    assert not (tmp_path / "out").exists()  # no file of a cancelled session
 
 
 @pytest.mark.parametrize(
@@ -177,7 +177,7 @@ def test_user_errors_are_one_line(tmp_path: Path, args: list[str], needle: str) 
     }
     args = [a.replace("{port}", str(free_port())) for a in args]
     res = run(*args, env=env, timeout=120)
-    assert res.returncode == 2
+    assert res.returncode == 1  # an error, not a usage error (2: docs/cli.md)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, res.stderr
     assert lines[0].startswith("knobtune: ")
@@ -188,7 +188,7 @@ def test_user_errors_are_one_line(tmp_path: Path, args: list[str], needle: str) 
 def test_missing_postgresql_is_one_line_saying_what_to_install(tmp_path: Path) -> None:
     env = {**os.environ, "KNOBTUNE_PG_BINDIR": str(tmp_path / "no-postgres-here")}
     res = run("demo", "--out", str(tmp_path), env=env, cwd=tmp_path)
-    assert res.returncode == 2
+    assert res.returncode == 1
     lines = [ln for ln in res.stderr.splitlines() if ln.strip() and "sandbox" not in ln]
     assert len(lines) == 1, res.stderr
     assert "apt-get install postgresql" in lines[0]
