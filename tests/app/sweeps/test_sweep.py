@@ -100,14 +100,20 @@ def test_select_only_sweep_finds_a_knee_below_the_largest_count(api_sweep: dict[
     for r in sw["runs"]:
         assert 0 < r["cpu"]["util"] <= 1, r
         assert 0 <= r["cpu"]["iowait"] <= 1
-    # -C at the knee costs throughput (a fork and authentication per transaction)
+    # -C at the knee: its cost is the two runs' figures, whatever this host measured (not
+    # asserted: that connecting per transaction ran slower, a benchmark effect)
     cost = sw["connection_cost"]
     assert cost["clients"] == sw["knee_clients"]
-    assert cost["tps_new_connection"] < cost["tps_persistent"]
+    assert cost["tps_new_connection"] > 0
+    assert cost["tps_persistent"] == pytest.approx(sw["knee_tps"], abs=0.01)
+    loss = 1 - cost["tps_new_connection"] / cost["tps_persistent"]
+    assert cost["throughput_loss"] == pytest.approx(loss, abs=1e-3)
     assert any("pgbench -C" in line for line in sw["advice"])
-    # the sandbox's max_connections (100) is far above a knee of <= 16
-    assert sw["max_connections"] >= 4 * sw["knee_clients"]
-    assert any("max_connections" in w for w in sw["warnings"])
+    # max_connections (the sandbox's 100) far above a knee that is not still rising (at
+    # <= 16 clients) is warned about; a knee at 32 (a busy host) is neither (no warning)
+    rising = sw["knee_clients"] == API_COUNTS[-1]
+    far_above = not rising and sw["max_connections"] >= 4 * sw["knee_clients"]
+    assert any("max_connections" in w for w in sw["warnings"]) == far_above, sw["warnings"]
 
 
 def test_sweep_chart_and_listing(
@@ -158,7 +164,10 @@ def test_clients_auto_sweeps_tpcb_and_tunes_at_its_knee(
         client_cap(facts, os.cpu_count())
     )
     assert sw["runs_done"] == 2 * len(sw["points"])
-    assert sw["knee_clients"] < sw["points"][-1]["clients"]
+    # one branch's row locks usually cap tpcb-like at a few clients; where a busy host let
+    # the largest count win, the sweep says the knee may lie beyond it
+    if sw["knee_clients"] == sw["points"][-1]["clients"]:
+        assert any("still rising" in line for line in sw["advice"]), sw["advice"]
     assert all(p["cpu_util"] is not None for p in sw["points"])
     assert sw["connection_cost"] is None
     # the session tuned at the knee and says so
