@@ -100,6 +100,11 @@ def cycle_seconds(config: Mapping[str, str], wal_rate: float) -> float:
     return min(timeout, distance / wal_rate)
 
 
+def timeout_seconds(config: Mapping[str, str]) -> float:
+    """checkpoint_timeout of ``config`` in seconds (PostgreSQL's default when absent)."""
+    return _value(config, "checkpoint_timeout")
+
+
 def duration_text(seconds: float) -> str:
     """30 s, 5 min, 1.5 h."""
     if seconds < 90:

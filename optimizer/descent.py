@@ -13,7 +13,14 @@ The walk, one knob at a time in the order given:
     trend has a larger effect that is cheaper to prove;
   - a step that is clearly worse (its optimistic 80% bound is below zero) gets one
     **look-ahead** past it (``look_ahead``: the dip above), then the direction ends;
-  - a cliff (a loss beyond ``cliff``) or a failed run ends the direction at once.
+  - a cliff (a loss beyond ``cliff``) ends the direction at once; a failed run (or a
+    guard's refusal: a value the server's memory would not hold) forbids that value and
+    beyond, and the walk tries a finer step the same way first (x2, then x sqrt(2)), since
+    on a small server x4 of shared_buffers can be all of its memory and x2 the best value;
+* knobs set aside because the runs span no checkpoint cycle are judged after the walk on
+  runs as long as a checkpoint_timeout, when ``max_benchmark_s`` holds them
+  (:meth:`_long_phase`); runs of one length are only ever compared with runs of the same
+  length.
 
   In bench/optimizer.py the descent without skip and look-ahead barely leaves the start
   (55-63% of the optimum: the first x2 steps gain 2-4%); with them it reaches 84-87%;
@@ -114,6 +121,9 @@ from optimizer.settings import Evidence
 from optimizer.steps import Steps
 from optimizer.verdict import Verdict, balanced_window, compare, detectable_gain
 
+RUN_S = "(run_s)"
+"""The key entry that marks runs of another length than the session's (see _key)."""
+
 RESOLUTION = "what these runs could show"
 """How the note on the smallest effect a session could see begins (exports find it by it)."""
 
@@ -130,6 +140,9 @@ class Candidate:
     knob: str | None  # the knob that differs from the incumbent (None for baseline/incumbent)
     value: str | None
     role: Role
+    # the measured window of this run in seconds when it is not the session's own (a long
+    # run for knobs that act through checkpoints); None: ``settings.run_seconds``
+    run_s: float | None = None
 
     @property
     def is_final(self) -> bool:
@@ -219,6 +232,12 @@ class CoordinateDescent:
         # checkpoint knobs the runs could not show (optimizer/checkpoints.py), with the note
         self._set_aside: dict[str, str] = {}
         self._wal_rate: float | None = None  # bytes/s, the latest run that measured it
+        # the measured window of the runs asked for now: the session's, or the long runs'
+        # that span a checkpoint cycle (runs of each length are kept apart: _key)
+        self._run_s = settings.run_seconds
+        self._bench_s = 0.0  # measured seconds of the runs registered so far
+        self._long_kept = False  # a long run's evaluation kept a value: the check is long too
+        self.phases: list[str] = []  # one note per change of run length, for the notes
         self._trials = 0
         self._trials_by_knob: dict[str, int] = {k.name: 0 for k in self.space}
         self._gain_by_knob: dict[str, float] = {}
@@ -272,12 +291,13 @@ class CoordinateDescent:
         """The next run to perform, or None when done. Idempotent until :meth:`register`."""
         if self._next is None:
             return None
-        spent = self._over_budget(self._trials + 1)
+        spent = self._over_budget(1)
         if spent is not None:
             self.stop_reason = self.stop_reason or spent
             return None
         r = self._next
-        return Candidate(self._trials, dict(r.config), r.knob, r.value, r.role)
+        run_s = None if self._run_s == self.settings.run_seconds else self._run_s
+        return Candidate(self._trials, dict(r.config), r.knob, r.value, r.role, run_s)
 
     def register(self, candidate: Candidate, measurement: Measurement) -> Verdict | None:
         """Feed back the result of ``candidate``; returns the Verdict if it completes an evaluation.
@@ -298,6 +318,7 @@ class CoordinateDescent:
         if self._next.about is not None:
             self._trials_by_knob[self._next.about] += 1
         self._trials += 1
+        self._bench_s += candidate.run_s or self.settings.run_seconds
         self._last_config = candidate.config
         c = measurement.counters
         if c is not None and not measurement.failed and c.wal_rate is not None:
@@ -421,10 +442,13 @@ class CoordinateDescent:
         From the final check's side-by-side runs once it has both; before that (or if the
         budget left no room for it) from all their runs, drift between them included.
         """
-        base = self._ledger.runs.get(self._key(self._baseline), [])
+        short = self.settings.run_seconds
+        base = self._ledger.runs.get(self._key(self._baseline, short), [])
         if not base:
             return None
-        inc = self._ledger.runs.get(self._key(self._inc), [])
+        inc = self._ledger.runs.get(self._key(self._inc), []) or self._ledger.runs.get(
+            self._key(self._inc, short), []
+        )
         if not self._moved or not inc:
             return Verdict(False, 0.0, None, "incumbent is the baseline", None, (len(base), 0))
         keys = (self._key(self._baseline), self._key(self._inc))
@@ -439,7 +463,7 @@ class CoordinateDescent:
         than two runs (no scatter of its own to read)."""
         if self.claim not in ("none", "no-change"):
             return None
-        key = self._key(self._baseline)
+        key = self._key(self._baseline, self.settings.run_seconds)
         base = self._ledger.runs.get(key, [])
         if len(base) < 2:
             return None
@@ -525,27 +549,33 @@ class CoordinateDescent:
         """The incumbent differs from the baseline."""
         return self._key(self._inc) != self._key(self._baseline)
 
-    def _over_budget(self, trials: int) -> str | None:
-        """Why ``trials`` runs in all would exceed the budget, or None if they fit."""
-        if self.settings.max_trials is not None and trials > self.settings.max_trials:
+    def _over_budget(self, more: int) -> str | None:
+        """Why ``more`` runs (of the current length) beyond those done would exceed the
+        budget, or None if they fit."""
+        if self.settings.max_trials is not None and self._trials + more > self.settings.max_trials:
             return "trial budget spent"
         if (
             self.settings.max_benchmark_s is not None
-            and trials * self.settings.run_seconds > self.settings.max_benchmark_s + 1e-9
+            and self._bench_s + more * self._run_s > self.settings.max_benchmark_s + 1e-9
         ):
             return "benchmark time budget spent"
         return None
 
     def _room(self) -> int | None:
-        """How many more runs the trial budgets hold; None if they set no limit."""
+        """How many more runs (of the current length) the budgets hold; None: no limit."""
         rooms = []
         if self.settings.max_trials is not None:
             rooms.append(self.settings.max_trials - self._trials)
         if self.settings.max_benchmark_s is not None:
-            rooms.append(
-                int(self.settings.max_benchmark_s / self.settings.run_seconds + 1e-9) - self._trials
-            )
+            left = self.settings.max_benchmark_s - self._bench_s
+            rooms.append(int(left / self._run_s + 1e-9))
         return max(min(rooms), 0) if rooms else None
+
+    @property
+    def run_seconds_now(self) -> float:
+        """The measured window of the runs the walk asks for now (long runs for checkpoint
+        knobs; otherwise ``settings.run_seconds``)."""
+        return self._run_s
 
     def _settle(self) -> None:
         """Go on to the final check when the walk is over or only its room is left."""
@@ -554,11 +584,13 @@ class CoordinateDescent:
         if self._next is None:
             self._begin_final(None)
             return
-        if self.settings.final_runs and self._over_budget(self._trials + 1 + self.final_runs_left):
+        if self.settings.final_runs and self._over_budget(1 + self.final_runs_left):
             self._begin_final("budget left for the final check only")
 
     def _begin_final(self, why: str | None) -> None:
         self._concluding = True
+        if not self._long_kept:
+            self._run_s = self.settings.run_seconds  # nothing long to confirm
         if why is not None:
             self.stop_reason = why
         if self._looking is not None and self._looking[1].gain >= self.min_gain:
@@ -624,8 +656,12 @@ class CoordinateDescent:
     def _config(self, values: Mapping[str, Value]) -> Config:
         return {k.name: k.format(values[k.name]) for k in self.space}
 
-    def _key(self, values: Mapping[str, Value]) -> Key:
-        return tuple((k.name, values[k.name]) for k in self.space)
+    def _key(self, values: Mapping[str, Value], run_s: float | None = None) -> Key:
+        """A config's runs of one length (the current one unless given): runs of another
+        length are other evidence (a checkpoint cycle in one, none in the other)."""
+        key = tuple((k.name, values[k.name]) for k in self.space)
+        length = self._run_s if run_s is None else run_s
+        return key if length == self.settings.run_seconds else (*key, (RUN_S, length))
 
     def _judge(
         self,
@@ -694,8 +730,66 @@ class CoordinateDescent:
                     changed = (yield from self._tune(knob, p)) or changed
             if not changed:
                 self.stop_reason = "converged: a full pass kept nothing"
-                return
-        self.stop_reason = f"max_passes={self.settings.max_passes} reached"
+                break
+        else:
+            self.stop_reason = f"max_passes={self.settings.max_passes} reached"
+        yield from self._long_phase()
+
+    def _long_phase(self) -> _Walk:
+        """The knobs set aside for their run length, on runs that span a checkpoint cycle.
+
+        Runs as long as the incumbent's checkpoint_timeout (the longest cycle a candidate
+        other than a longer timeout can have), in whole minutes, when the budget holds a few
+        of them and a final check of that length; otherwise each note says what budget
+        they need. The
+        incumbent is measured again at that length (runs of one length are compared only
+        with runs of the same length). If nothing is kept the final check goes back to the
+        session's own run length.
+        """
+        names = [k.name for k in self._order if k.name in self._set_aside]
+        if not names or not self.settings.long_runs or not self._wal_rate:
+            return
+        inc = {**self._server, **self.incumbent}
+        # a timed checkpoint's cycle: the longest any candidate short of a longer
+        # checkpoint_timeout can have (more max_wal_size only brings it up to the timeout)
+        window = float(checkpoints.needed_duration(checkpoints.timeout_seconds(inc)))
+        if window <= self._run_s:
+            return
+        short = self._run_s
+        self._run_s = window
+        per_knob = 3  # a candidate run and the incumbent's on each side of it
+        need = (len(names) * per_knob + self.settings.final_runs) * window
+        # a few long runs, and a final check of at least A B at that length if one is kept
+        fits = self._over_budget(per_knob + min(2, self.settings.final_runs))
+        what = ", ".join(names)
+        length = checkpoints.duration_text(window)
+        if fits is not None:
+            self._run_s = short
+            left = (self.settings.max_benchmark_s or 0.0) - self._bench_s
+            note = (
+                f"; runs of {length} (a checkpoint cycle at the measured WAL rate) for "
+                f"{what} need about {checkpoints.duration_text(need)} of budget, "
+                f"{checkpoints.duration_text(max(left, 0.0))} was left"
+            )
+            for n in names:
+                self._set_aside[n] += note
+                self._excluded[n] = self._set_aside[n]
+            self.phases.append(f"long runs not started: {what}{note}")
+            return
+        self.phases.append(
+            f"long runs: {what} on runs of {length} (a checkpoint every "
+            f"{checkpoints.duration_text(checkpoints.cycle_seconds(inc, self._wal_rate))} "
+            f"at the measured WAL rate); about {checkpoints.duration_text(need)} of budget"
+        )
+        for n in names:
+            self._set_aside.pop(n, None)
+            self._excluded.pop(n, None)
+            knob = self._knobs[n]
+            self._pos = self._order.index(knob)
+            kept = yield from self._tune(knob, 0)
+            self._long_kept = self._long_kept or kept
+        if not self._long_kept:
+            self._run_s = short  # the final check compares what the short runs kept
 
     def _order_from(self, key: Key, why: str, runs: str) -> None:
         """Busy mechanisms first, idle ones last, by the counters of ``key``'s runs
@@ -739,9 +833,17 @@ class CoordinateDescent:
             ahead = 0  # steps beyond the incumbent already tried without a keep
             worse = skips = 0
             level = p - self.settings.coarse  # step = step_size ** (1 / 2**level)
+            finest = self.settings.max_passes - self.settings.coarse  # the finest refinement
             tried: set[Value] = set()
             while knob.name not in self._excluded:
                 value = self._steps.step(knob, self._inc[knob.name], direction, level, ahead + 1)
+                if value is None:
+                    # past a value that failed or was refused: halfway (geometrically)
+                    # between the furthest one measured (or the incumbent) and that limit,
+                    # while the gap is wide
+                    value = self._steps.toward_limit(
+                        knob, {*tried, self._inc[knob.name]}, direction
+                    )
                 if value is None or value in tried:
                     break
                 tried.add(value)
@@ -764,6 +866,13 @@ class CoordinateDescent:
                 if v.keep:
                     moved, ahead, worse, skips = True, 0, 0, 0
                     tried.clear()
+                    continue
+                if v.p_value is None and level < finest:
+                    # a failed run or a guard's refusal (the server would not hold it): a
+                    # smaller step the same way may still fit (shared_buffers x4 on a small
+                    # server is all of its memory, x2 half of it)
+                    level += 1
+                    ahead = 0
                     continue
                 if v.p_value is None or v.gain < -self.settings.cliff:
                     break  # failed run or cliff: nothing to find past it
@@ -794,7 +903,7 @@ class CoordinateDescent:
             inc,
             {**inc, knob.name: knob.format(value)},
             wal_rate=self._wal_rate,
-            window_s=self.settings.run_seconds,
+            window_s=self._run_s,
             warmup_s=self.settings.warmup_seconds,
         )
 

@@ -217,6 +217,149 @@ def memory_guard(
     )
 
 
+# --- measured memory ------------------------------------------------------------------------
+
+LIVE_LIMIT = 0.9
+"""Fraction of the memory a server may use (its cgroup's limit, else its host's RAM) that its
+non-reclaimable memory may reach: beyond it a run is stopped (the live guard), and a candidate
+predicted beyond it is not applied."""
+
+SANITY_RAM = 2.0
+"""The static worst case (:func:`estimate_memory`) of a candidate may be at most this many
+times the RAM when memory is measured: a ceiling against absurd values only."""
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    """Non-reclaimable memory a server was seen to hold, in bytes (one reading or a peak).
+
+    ``private``: its processes' own memory (a cgroup's rss / anon, or the sum of the
+    postmaster tree's anonymous PSS); ``shared``: its shared memory (shmem: the buffer pool
+    and WAL buffers as far as they were touched, lock tables, ...). Page cache is not
+    counted: the kernel reclaims it before it kills anything.
+    """
+
+    private: int
+    shared: int
+
+    @property
+    def total(self) -> int:
+        return self.private + self.shared
+
+    def peak(self, other: MemoryUse | None) -> MemoryUse:
+        """Each part's larger value of two readings."""
+        if other is None:
+            return self
+        return MemoryUse(max(self.private, other.private), max(self.shared, other.shared))
+
+
+def _shared_size(settings: Mapping[str, str]) -> float:
+    sb = max(_value(settings, "shared_buffers"), 0.0)
+    wal = _value(settings, "wal_buffers")
+    if wal < 0:
+        wal = min(max(sb / 32, 64 * KB), _WAL_SEGMENT)
+    return sb + wal
+
+
+def predict_memory(
+    candidate: Mapping[str, str],
+    incumbent: Mapping[str, str],
+    seen: MemoryUse,
+    *,
+    clients: int,
+    spilled: bool,
+) -> dict[str, int]:
+    """What ``candidate`` would hold, from what the server held under ``incumbent`` (bytes,
+    by part; the sum is the prediction).
+
+    * the private memory seen under the incumbent (backends, their caches and plans, the
+      sorts and hashes the workload really ran), as it was;
+    * shared memory at the candidate's **full** size (shared_buffers + wal_buffers), plus
+      what the server held beyond the incumbent's pool (lock tables and the like): a pool
+      that was not full yet is counted full, so a prediction never relies on a cold run;
+    * work_mem's change for each client, times the sort/hash factor, only when the
+      incumbent's runs spilled to temp files: a sort that fits in work_mem uses what it
+      needs, so raising work_mem costs nothing until something spilled;
+    * maintenance_work_mem's change for a manual VACUUM and every autovacuum worker.
+    """
+    sb_inc = _shared_size(incumbent)
+    other_shared = max(seen.shared - sb_inc, 0.0)
+    factor = 1.0 + max(_value(candidate, "hash_mem_multiplier"), 1.0)
+    d_wm = max(_value(candidate, "work_mem"), 0.0) - max(_value(incumbent, "work_mem"), 0.0)
+    d_mwm = max(_value(candidate, "maintenance_work_mem"), 0.0) - max(
+        _value(incumbent, "maintenance_work_mem"), 0.0
+    )
+    avw = 1.0 + max(_value(candidate, "autovacuum_max_workers"), 0.0)
+    return {
+        "private (seen)": seen.private,
+        "shared": int(_shared_size(candidate) + other_shared),
+        "work_mem": int(max(d_wm, 0.0) * factor * clients) if spilled else 0,
+        "maintenance_work_mem": int(max(d_mwm, 0.0) * avw),
+    }
+
+
+def measured_memory_guard(
+    candidate: Mapping[str, str],
+    incumbent: Mapping[str, str],
+    seen: MemoryUse,
+    *,
+    limit_bytes: int,
+    clients: int,
+    spilled: bool,
+    ram_bytes: int | None = None,
+) -> str | None:
+    """Why ``candidate`` must not be applied, from the memory measured under ``incumbent``.
+
+    Rejected when its prediction (:func:`predict_memory`) passes :data:`LIVE_LIMIT` of
+    ``limit_bytes`` and is more than the incumbent's by the same reckoning (a candidate
+    needing less is never riskier), or when its static worst case exceeds
+    :data:`SANITY_RAM` times the RAM (absurd values; OtterTune once set max_wal_size to
+    28 PB). The live guard (:class:`MemoryWatch`) stays the line that catches what a
+    prediction missed.
+    """
+    if limit_bytes <= 0 or clients < 1:
+        raise ValueError("limit_bytes must be > 0 and clients >= 1")
+    parts = predict_memory(candidate, incumbent, seen, clients=clients, spilled=spilled)
+    need = sum(parts.values())
+    now = sum(predict_memory(incumbent, incumbent, seen, clients=clients, spilled=False).values())
+    cap = int(LIVE_LIMIT * limit_bytes)
+    if need > cap and need > now:
+        terms = ", ".join(f"{k} {_size(v)}" for k, v in parts.items() if v)
+        return (
+            f"memory guard: would hold {_size(need)} ({terms}; measured under the incumbent) "
+            f"against {LIVE_LIMIT:.0%} of the {_size(limit_bytes)} the server may use"
+        )
+    ram = ram_bytes or limit_bytes
+    worst = estimate_memory(candidate, ram_bytes=ram, clients=clients)
+    if (
+        worst.total > SANITY_RAM * ram
+        and worst.total > estimate_memory(incumbent, ram_bytes=ram, clients=clients).total
+    ):
+        return (
+            f"memory guard: its worst case, {worst.describe().split(' against ')[0]}, is more "
+            f"than {SANITY_RAM:g}x the {_size(ram)} of RAM"
+        )
+    return None
+
+
+@dataclass
+class MemoryWatch:
+    """The live guard: stops a run once the server's non-reclaimable memory passes
+    :data:`LIVE_LIMIT` of what it may use, before the OOM killer would act."""
+
+    limit_bytes: int
+    fraction: float = LIVE_LIMIT
+
+    def observe(self, use: MemoryUse) -> str | None:
+        if use.total > self.fraction * self.limit_bytes:
+            return (
+                f"memory guard (live): the server held {_size(use.total)} (private "
+                f"{_size(use.private)}, shared {_size(use.shared)}), over {self.fraction:.0%} "
+                f"of the {_size(self.limit_bytes)} it may use; run stopped"
+            )
+        return None
+
+
 def _size(n: float) -> str:
     for unit, size in (("GB", GB), ("MB", MB), ("kB", KB)):
         if abs(n) >= size:

@@ -86,6 +86,9 @@ class DescentSettings:
     # knobs that act through checkpoints are judged only on runs that span a checkpoint
     # cycle (optimizer/checkpoints.py), from the WAL rate the runs' counters measured
     checkpoint_rule: bool = True
+    # knobs set aside for their run length get runs that span a checkpoint cycle once the
+    # short-run walk is over, when the budget (max_benchmark_s) holds them
+    long_runs: bool = True
     # busy mechanisms first, idle ones last, from the baseline's counters (optimizer/order.py)
     order_by_counters: bool = True
     # -- the verdict

@@ -50,6 +50,13 @@ class Steps:
         else:
             lim.below = max(lim.below, value)
 
+    def toward_limit(self, knob: Knob, tried: set[Value], direction: int) -> Value | None:
+        """Between the furthest of ``tried`` (measured, within bounds) and the bound a
+        failed value set in ``direction``: their geometric mean, rounded as a step is
+        (512MB refused on a 512MB server, 256MB measured: 362MB next). None when there is
+        no such bound, the two are within :data:`MIN_BISECT`, or the knob is not sized."""
+        return _toward_limit(knob, self.limits[knob.name], tried, direction)
+
     def step(
         self, knob: Knob, cur: Value, direction: int, p: int | float, distance: int
     ) -> Value | None:
@@ -83,6 +90,28 @@ class Steps:
         if (target - c) * direction <= 0:
             return None  # clamping moved it the wrong way (current value out of bounds)
         return target
+
+
+MIN_BISECT = 2.0**0.25
+"""toward_limit() stops once the limit is within this factor of the furthest value tried."""
+
+
+def _toward_limit(knob: Knob, lim: Limits, tried: set[Value], direction: int) -> Value | None:
+    if knob.step != "multiplicative" or knob.kind not in ("integer", "real"):
+        return None
+    edge = lim.above if direction > 0 else lim.below
+    ok = [float(v) for v in tried if not isinstance(v, str) and lim.below < float(v) < lim.above]
+    if not math.isfinite(edge) or edge <= 0 or not ok:
+        return None
+    far = max(ok) if direction > 0 else min(ok)
+    if far <= 0 or max(edge, far) / min(edge, far) < MIN_BISECT:
+        return None
+    target = nice(knob, math.sqrt(edge * far))
+    if knob.kind == "integer":
+        target = float(round(target))
+    if not lim.below < target < lim.above or target in tried:
+        return None
+    return target
 
 
 def nice(knob: Knob, x: float) -> float:

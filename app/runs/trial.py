@@ -21,6 +21,7 @@ session does that with the outcome (app/runs/session.py), so nothing here calls 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import statistics
@@ -37,6 +38,7 @@ import psycopg
 from app.db import utcnow
 from app.evidence import bench_spec, stream_stat
 from app.postgres.benchlock import BenchTurn, HostBenchLock
+from app.postgres.memory import MemoryMeter
 from app.postgres.pgbench import BenchResult, BenchSpec, run_streams
 from app.postgres.pgbench_output import ProgressSample
 from app.postgres.target import ApplyResult, ConnectError, TargetError
@@ -45,8 +47,11 @@ from app.workloads.base import Stream, Workload, WorkloadError
 from optimizer.descent import Candidate, Measurement
 from optimizer.evidence import StreamStat
 from optimizer.guard import (
+    MemoryUse,
+    MemoryWatch,
     ThroughputWatch,
     guard_window,
+    measured_memory_guard,
     memory_guard,
     warm_up_window,
     warmed_up,
@@ -64,6 +69,8 @@ class Applier(Protocol):
     ) -> ApplyResult: ...
 
     def is_up(self) -> bool: ...
+
+    def terminate_clients(self, application_prefix: str) -> int: ...
 
 
 @dataclass
@@ -134,8 +141,15 @@ class TrialExecutor:
         scrub: Callable[[str], str] = lambda text: text,
         local: bool = False,
         bench_lock: HostBenchLock | None = None,
+        meter: MemoryMeter | None = None,
     ) -> None:
         self.target, self.dsn, self.workload = target, dsn, workload
+        # the server's memory, read every second of every run (None: another host's server,
+        # whose guard is the static model against its declared RAM)
+        self.meter = meter
+        self._mem_peak: dict[str, MemoryUse] = {}  # config -> peak seen over its runs
+        self._mem_limit: int | None = None  # what the server may use (cgroup limit or RAM)
+        self._spilled: dict[str, bool] = {}  # config -> its runs wrote temp files
         self.bench_lock = bench_lock  # one benchmark per host at a time (its slots)
         self.streams: list[Stream] = workload.streams()
         self.specs: list[BenchSpec] = [
@@ -175,7 +189,13 @@ class TrialExecutor:
         return out
 
     def _run(self, out: TrialOutcome, incumbent: Config, remeasuring: bool) -> None:
-        cand, hooks, spec = out.candidate, self.hooks, self.specs[0]
+        cand, hooks = out.candidate, self.hooks
+        # a long run (knobs that act through checkpoints) has its own measured window
+        specs = [
+            dataclasses.replace(sp, duration_s=int(cand.run_s) + sp.warmup_s) if cand.run_s else sp
+            for sp in self.specs
+        ]
+        spec = specs[0]
         if cand.role == "candidate":
             reason = self.memory_check(cand.config, incumbent)
             if reason is not None:
@@ -232,10 +252,13 @@ class TrialExecutor:
             return
         hooks.on_run_start()
         watch = self._watch(cand, spec, incumbent)
+        memory = self._memory_watch(cand.config, live=cand.role == "candidate")
+        if memory is not None:
+            watch = _both(memory, watch)
         t = time.monotonic()
         results = run_streams(
             self.dsn,
-            self.specs,
+            specs,
             on_sample=hooks.on_sample,
             stop=self.stop,
             workdir=self.workdir,
@@ -245,7 +268,16 @@ class TrialExecutor:
         out.timings["bench_s"] = round(time.monotonic() - t, 3)
         hooks.check()
         result = out.result = combined(self.streams, results)
+        temp = (result.db_metrics or {}).get("temp_files")
+        if isinstance(temp, int | float):
+            key = _key(cand.config)
+            self._spilled[key] = self._spilled.get(key, False) or temp > 0
         if result.early_stop is not None:
+            if self.app_name:
+                # pgbench is gone, but a backend in a long statement runs on (and goes on
+                # allocating, when the memory guard stopped it) until it is ended
+                with contextlib.suppress(Exception):
+                    self.target.terminate_clients(self.app_name)
             out.rejected = result.early_stop
             out.measurement = measurement(result.samples, error=result.early_stop)
             return
@@ -297,15 +329,48 @@ class TrialExecutor:
 
     # -- guards ---------------------------------------------------------------------------
     def memory_check(self, config: Config, incumbent: Config) -> str | None:
-        """Why ``config`` would not fit the target's RAM, or None."""
+        """Why ``config`` would not fit the memory the server may use, or None.
+
+        Measured where the server is local (its memory under the incumbent, read during the
+        incumbent's runs: optimizer.guard.measured_memory_guard); the static worst case
+        against the declared RAM otherwise, or before the incumbent was ever measured here
+        (a resumed session: then only as the sanity ceiling, the live guard watching).
+        """
+        cand, inc = {**self.effective, **config}, {**self.effective, **incumbent}
+        clients = sum(st.clients for st in self.streams)
+        if self.meter is not None and self._mem_limit is not None:
+            seen = self._mem_peak.get(_key(incumbent), MemoryUse(0, 0))
+            return measured_memory_guard(
+                cand,
+                inc,
+                seen,
+                limit_bytes=min(self._mem_limit, self.ram_bytes or self._mem_limit),
+                clients=clients,
+                spilled=self._spilled.get(_key(incumbent), True),
+                ram_bytes=self.ram_bytes,
+            )
         if self.ram_bytes is None:
             return None
-        return memory_guard(
-            {**self.effective, **config},
-            {**self.effective, **incumbent},
-            ram_bytes=self.ram_bytes,
-            clients=sum(st.clients for st in self.streams),
-        )
+        return memory_guard(cand, inc, ram_bytes=self.ram_bytes, clients=clients)
+
+    def _memory_watch(self, config: Config, live: bool) -> Callable[[], str | None] | None:
+        """Reads the server's memory (called each second of a run): records the peak of
+        ``config`` and, with ``live``, says why to stop the run (the live guard)."""
+        meter = self.meter
+        if meter is None:
+            return None
+        key = _key(config)
+
+        def check() -> str | None:
+            reading = meter.read()
+            if reading is None:
+                return None
+            self._mem_limit = reading.limit_bytes
+            limit = min(reading.limit_bytes, self.ram_bytes or reading.limit_bytes)
+            self._mem_peak[key] = reading.use.peak(self._mem_peak.get(key))
+            return MemoryWatch(limit).observe(reading.use) if live else None
+
+        return check
 
     def remember(self, config: Mapping[str, str], samples: Sequence[Any], failed: int) -> None:
         """A successful run of ``config``: the performance guard's reference level."""
@@ -342,6 +407,17 @@ class TrialExecutor:
 
 def _key(config: Mapping[str, str]) -> str:
     return repr(sorted(config.items()))
+
+
+def _both(
+    memory: Callable[[], str | None], watch: Callable[[ProgressSample], str | None] | None
+) -> Callable[[ProgressSample], str | None]:
+    """One watch: the memory reading every second, then the performance guard."""
+
+    def observe(s: ProgressSample) -> str | None:
+        return memory() or (watch(s) if watch is not None else None)
+
+    return observe
 
 
 def _host_load() -> dict[str, Any]:

@@ -94,7 +94,14 @@ def not_judged(notes: list[Any]) -> dict[str, str]:
         m = _NOT_JUDGED.match(str(text))
         if m is not None and m.group(1) in CHECKPOINT_KNOBS:
             out[m.group(1)] = str(text)
+        long = _LONG_RUNS.match(str(text))
+        if long is not None:  # judged after all, on runs that span a cycle
+            for name in long.group(1).split(", "):
+                out.pop(name, None)
     return out
+
+
+_LONG_RUNS = re.compile(r"^long runs: ([a-z_, ]+) on runs of ")
 
 
 def session_sweep(db: Database, sess: TuningSession) -> Sweep | None:

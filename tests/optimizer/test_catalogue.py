@@ -92,7 +92,8 @@ def test_bounds_scale_with_the_machine() -> None:
     small = {k.name: k for k in knob_space(["shared_buffers", "work_mem"], Hardware(4 * GB, 2))}
     big = {k.name: k for k in knob_space(["shared_buffers", "work_mem"], Hardware(64 * GB, 16))}
     for space, ram in ((small, 4 * GB), (big, 64 * GB)):
-        assert space["shared_buffers"].upper * 8192 <= 0.40 * ram  # <= 40% of RAM
+        # <= 90% of RAM: the memory guard decides what fits (optimizer/guard.py)
+        assert space["shared_buffers"].upper * 8192 <= 0.90 * ram
     assert big["shared_buffers"].upper > small["shared_buffers"].upper
     many = knob_space(["work_mem"], Hardware(16 * GB, 4, max_connections=1000))[0]
     few = knob_space(["work_mem"], Hardware(16 * GB, 4, max_connections=10))[0]

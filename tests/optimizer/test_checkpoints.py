@@ -163,17 +163,37 @@ def _run(level: float, wal_rate: float | None, seconds: float, **more: float) ->
 SEEN: dict[int, list[str | None]] = {}
 
 
-def _walk(window_s: float, wal_rate: float | None, **more: float) -> CoordinateDescent:
+RUN_S: dict[int, list[float | None]] = {}
+
+
+def _walk(
+    window_s: float,
+    wal_rate: float | None,
+    *,
+    long_runs: bool = False,
+    budget_s: float | None = None,
+    **more: float,
+) -> CoordinateDescent:
     space = knob_space(["max_wal_size", "shared_buffers"], HW)
+    settings = DescentSettings(
+        max_trials=40,
+        max_benchmark_s=budget_s,
+        run_seconds=window_s,
+        warmup_seconds=5,
+        max_passes=1,
+        long_runs=long_runs,
+    )
     opt = CoordinateDescent(
         space,
         {"max_wal_size": "1GB", "shared_buffers": "128MB"},
-        DescentSettings(max_trials=40, run_seconds=window_s, warmup_seconds=5, max_passes=1),
+        settings,
         server={"checkpoint_timeout": "5min", "checkpoint_completion_target": "0.9"},
     )
     SEEN[id(opt)] = []
+    RUN_S[id(opt)] = []
     while (cand := opt.suggest()) is not None:
         SEEN[id(opt)].append(cand.knob)
+        RUN_S[id(opt)].append(cand.run_s)
         # shared_buffers larger is better; max_wal_size does nothing measurable
         level = 1000.0 * (1.3 if cand.config["shared_buffers"] != "128MB" else 1.0)
         opt.register(cand, _run(level, wal_rate, window_s, **more))
@@ -204,6 +224,35 @@ def test_the_descent_sets_aside_on_short_runs_and_judges_on_long_ones() -> None:
     assert any(k == "max_wal_size" for _, k, _, _ in long.verdicts)
     # no WAL rate measured (a server without pg_stat_wal): judged as before
     assert _walk(30, None).set_aside == {}
+
+
+def test_set_aside_knobs_get_runs_that_span_a_cycle_when_the_budget_holds_them() -> None:
+    # 30 s runs show no checkpoint at 3 MB/s of WAL: after the short walk, max_wal_size is
+    # judged on runs as long as the 5-minute timed cycle, and the incumbent is measured
+    # again at that length (runs of another length are other evidence)
+    opt = _walk(30, 3 * MB, long_runs=True, budget_s=4 * 3600)
+    assert opt.set_aside == {}
+    lengths = RUN_S[id(opt)]
+    first_long = next(i for i, r in enumerate(lengths) if r is not None)
+    assert all(r is None for r in lengths[:first_long])  # the short walk first
+    assert set(lengths[first_long:]) <= {300.0, None}
+    knobs = SEEN[id(opt)]
+    assert {knobs[i] for i, r in enumerate(lengths) if r == 300.0} <= {"max_wal_size", None}
+    assert "max_wal_size" in {knobs[i] for i, r in enumerate(lengths) if r == 300.0}
+    assert any(k == "max_wal_size" for _, k, _, _ in opt.verdicts)
+    assert opt.phases and opt.phases[0].startswith("long runs: max_wal_size on runs of 5 min")
+    # nothing kept on the long runs: the final check is at the session's own length
+    assert opt.incumbent["max_wal_size"] == "1GB"
+    assert lengths[-1] is None
+
+
+def test_a_budget_too_small_for_long_runs_says_what_it_needs() -> None:
+    opt = _walk(30, 3 * MB, long_runs=True, budget_s=1200)
+    note = opt.set_aside["max_wal_size"]
+    assert "give duration_s >= 305" in note
+    assert "runs of 5 min (a checkpoint cycle at the measured WAL rate) for max_wal_size" in note
+    assert all(r is None for r in RUN_S[id(opt)])
+    assert opt.phases[0].startswith("long runs not started: max_wal_size")
 
 
 def test_the_descent_orders_knobs_from_the_baselines_counters() -> None:

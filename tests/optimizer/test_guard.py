@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from optimizer.guard import GB, MB, estimate_memory, memory_guard
+from optimizer.guard import (
+    GB,
+    MB,
+    MemoryUse,
+    MemoryWatch,
+    estimate_memory,
+    measured_memory_guard,
+    memory_guard,
+    predict_memory,
+)
 
 BASE = {
     "shared_buffers": "128MB",
@@ -48,3 +57,79 @@ def test_more_workers_per_gather_can_be_rejected() -> None:
     reason = memory_guard(cand, inc, ram_bytes=4 * GB, clients=4)
     assert reason is not None
     assert "16 parallel workers" in reason
+
+
+# -- measured memory (the guard of a local server) ------------------------------------------
+MIB = 1024 * 1024
+PG15 = {"shared_buffers": "128MB", "wal_buffers": "-1", "work_mem": "4MB",
+        "maintenance_work_mem": "64MB", "autovacuum_max_workers": "3",
+        "hash_mem_multiplier": "2", "max_parallel_workers_per_gather": "2",
+        "max_parallel_workers": "8", "max_worker_processes": "8"}  # fmt: skip
+# about what a TPC-B server (8 clients) held under PostgreSQL's defaults in a 512 MiB cgroup
+# (memory.stat: rss 15 MiB, shmem 140 MiB once the pool was full): its backends' own memory,
+# and the shared memory touched (the pool, WAL buffers, lock tables and the like)
+SEEN = MemoryUse(private=20 * MIB, shared=140 * MIB)
+
+
+def test_the_worst_case_refuses_every_pool_increase_where_the_measured_one_does_not() -> None:
+    # the static model: the default config already needs more than 75% of 512 MiB
+    static = estimate_memory(PG15, ram_bytes=512 * MIB, clients=8)
+    assert not static.fits
+    for sb in ("256MB", "384MB"):
+        cand = {**PG15, "shared_buffers": sb}
+        assert memory_guard(cand, PG15, ram_bytes=512 * MIB, clients=8) is not None
+        # measured: half and three quarters of the cgroup fit under its 90%
+        assert (
+            measured_memory_guard(cand, PG15, SEEN, limit_bytes=512 * MIB, clients=8, spilled=False)
+            is None
+        )
+    # all of it does not: shared memory is counted at its full size
+    whole = {**PG15, "shared_buffers": "512MB"}
+    reason = measured_memory_guard(
+        whole, PG15, SEEN, limit_bytes=512 * MIB, clients=8, spilled=False
+    )
+    assert reason is not None
+    assert reason.startswith("memory guard: would hold")
+    assert "against 90% of the 512MB the server may use" in reason
+
+
+def test_work_mem_counts_only_when_the_workload_spilled() -> None:
+    big = {**PG15, "work_mem": "64MB"}
+    parts = predict_memory(big, PG15, SEEN, clients=8, spilled=False)
+    assert parts["work_mem"] == 0  # sorts that fit in 4MB use no more at 64MB
+    parts = predict_memory(big, PG15, SEEN, clients=8, spilled=True)
+    assert parts["work_mem"] == 60 * MIB * 3 * 8  # the change, per client, sort + hash
+    assert measured_memory_guard(big, PG15, SEEN, limit_bytes=512 * MIB, clients=8,
+                                 spilled=True) is not None  # fmt: skip
+
+
+def test_a_pool_that_was_not_full_is_counted_full() -> None:
+    cold = MemoryUse(private=60 * MIB, shared=20 * MIB)  # 20 MiB of a 128 MiB pool touched
+    parts = predict_memory(PG15, PG15, cold, clients=8, spilled=False)
+    assert parts["shared"] == 128 * MIB + 4 * MIB  # the pool and wal_buffers (auto: 1/32)
+
+
+def test_less_is_never_refused_and_absurd_values_are() -> None:
+    tight = MemoryUse(private=300 * MIB, shared=150 * MIB)  # already near the limit
+    smaller = {**PG15, "shared_buffers": "64MB"}
+    assert (
+        measured_memory_guard(smaller, PG15, tight, limit_bytes=512 * MIB, clients=8, spilled=True)
+        is None
+    )
+    # a work_mem of 8 GB on a 16 GB server whose workload never spilled: nothing to predict
+    # from the runs, but its worst case is absurd (the sanity ceiling)
+    absurd = {**PG15, "work_mem": "8GB"}
+    assert predict_memory(absurd, PG15, SEEN, clients=8, spilled=False)["work_mem"] == 0
+    reason = measured_memory_guard(
+        absurd, PG15, SEEN, limit_bytes=16 * GB, clients=8, spilled=False
+    )
+    assert reason is not None
+    assert "more than 2x the 16GB of RAM" in reason
+
+
+def test_the_live_guard_stops_past_90_percent() -> None:
+    watch = MemoryWatch(limit_bytes=512 * MIB)
+    assert watch.observe(MemoryUse(200 * MIB, 200 * MIB)) is None
+    said = watch.observe(MemoryUse(200 * MIB, 270 * MIB))
+    assert said is not None
+    assert said.startswith("memory guard (live): the server held 470MB")

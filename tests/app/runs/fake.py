@@ -142,6 +142,9 @@ class FakeTarget:
     def terminate_clients(self, application_prefix: str) -> int:
         return 0
 
+    def memory_meter(self) -> None:
+        return None  # simulated: the static memory model applies
+
     def buffer_pool(self) -> PoolFill | None:
         return self.pool
 

@@ -71,7 +71,8 @@ def trials_of(db: Database, sid: int) -> list[Trial]:
 
 
 def test_short_runs_set_max_wal_size_aside_and_order_the_walk(db: Database, tmp_path: Path) -> None:
-    sid = _session(db, 30)
+    # a budget that holds the short walk but not the long runs max_wal_size would need
+    sid = _session(db, 30, time_budget_s=1500)
     env = FakeEnv(oltp_surface(), seed=4, metrics=counters(28))
     sess = run_session(db, tmp_path, sid, env)
     assert sess.status == "succeeded", (sess.error, sess.notes)
@@ -83,10 +84,14 @@ def test_short_runs_set_max_wal_size_aside_and_order_the_walk(db: Database, tmp_
     assert "shared_buffers: 20.0% of blocks read from outside shared_buffers, tried first" in order
     aside = [n for n in sess.notes if n.startswith("max_wal_size not judged")]
     # the first step (x4: 4GB) has the longer cycle: the 5 min timeout comes first
-    assert aside == [
+    assert len(aside) == 1
+    assert aside[0].startswith(
         "max_wal_size not judged: at 3.0 MB/s of WAL a checkpoint comes every 5 min, "
         "and 28 s runs cannot show it; give duration_s >= 302"
-    ]
+    )
+    # ... and the plan said why the long runs did not start: the budget they need
+    assert any(n.startswith("plan: 2 knob(s) on runs of 28 s") for n in sess.notes)
+    assert any(n.startswith("long runs not started: max_wal_size") for n in sess.notes)
     assert not any("no effect" in n for n in sess.notes)
     # the counters in the trial API and on the dashboard's rows
     out = trial_out(trials[0])
@@ -100,6 +105,20 @@ def test_short_runs_set_max_wal_size_aside_and_order_the_walk(db: Database, tmp_
     assert "server I/O, start config" in conf
     assert "no effect" not in conf
     assert '"not_judged": "max_wal_size not judged' in export(db, sid, "json")
+
+
+def test_a_budget_that_holds_them_gives_set_aside_knobs_long_runs(
+    db: Database, tmp_path: Path
+) -> None:
+    # 28 s runs show no checkpoint; after the short walk max_wal_size is judged on runs of
+    # a whole 5-minute cycle, because the 2-hour budget holds them
+    sid = _session(db, 30, time_budget_s=7200)
+    sess = run_session(db, tmp_path, sid, FakeEnv(oltp_surface(), seed=4, metrics=counters(28)))
+    assert sess.status == "succeeded", (sess.error, sess.notes)
+    assert any(n.startswith("long runs: max_wal_size on runs of 5 min") for n in sess.notes)
+    assert any(t.knob == "max_wal_size" for t in trials_of(db, sid))
+    # judged, so the exports no longer call it set aside (the note says why it waited)
+    assert '"not_judged": "max_wal_size not judged' not in export(db, sid, "json")
 
 
 def test_long_runs_judge_it(db: Database, tmp_path: Path) -> None:

@@ -1,0 +1,152 @@
+"""Memory measured, not assumed: the meter, the live guard and a session on a small cgroup.
+
+Real sandboxes in memory cgroups (app/postgres/cgroups.py), as a small server runs:
+* the meter reads the cgroup's own accounting (anon + shmem against its limit), or the
+  postmaster tree's PSS where no cgroup limits the server;
+* the live guard stops a run whose memory passes 90% of the limit, before the OOM killer
+  acts, ends its backends, and leaves the server up;
+* a session on a 320 MB server tries shared_buffers at 80% of it (PGTune's rule would
+  say 25%), and refuses, before applying it, a pool the server would not hold.
+Asserted: what the code decides and what PostgreSQL and the kernel report; never which
+config ran faster (that is bench/e2e.py's job, docs/results/memory.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+
+from app.postgres.cgroups import CgroupUnavailable, Limits
+from app.postgres.sandbox import Sandbox
+from app.postgres.target import TargetController
+from app.runs.trial import TrialExecutor
+from app.schemas import WorkloadIn
+from app.workloads import workload_for
+from optimizer.descent import Candidate
+from tests.helpers import wait_done
+
+MIB = 1024 * 1024
+LIMIT = 320 * MIB
+
+
+@pytest.fixture(scope="module")
+def capped() -> Iterator[Sandbox]:
+    try:
+        sb = Sandbox.create(limits=Limits(memory_bytes=LIMIT))
+    except CgroupUnavailable as exc:  # not root, or no memory controller: nothing to cap
+        pytest.fail(f"this test needs cgroups (run as root): {exc}")
+    with sb:
+        yield sb
+
+
+def test_the_meter_reads_the_cgroup_of_a_capped_server(capped: Sandbox) -> None:
+    meter = TargetController.for_sandbox(capped).memory_meter()
+    assert meter is not None
+    reading = meter.read()
+    assert reading is not None
+    assert reading.source.startswith("cgroup ")
+    assert reading.limit_bytes == LIMIT
+    assert 0 < reading.use.shared < LIMIT  # shared memory touched so far
+    assert 0 < reading.use.private < LIMIT
+
+
+def test_the_meter_reads_the_process_tree_without_a_cgroup(sandbox: Sandbox) -> None:
+    meter = TargetController.for_sandbox(sandbox).memory_meter()
+    assert meter is not None
+    reading = meter.read()
+    assert reading is not None
+    assert reading.source.startswith("PSS of ")
+    assert int(reading.source.split()[2]) >= 4  # postmaster, checkpointer, bgwriter, ...
+    assert reading.use.total > 0
+
+
+# One backend that grows by 8 MiB every half second, to 480 MiB: more than the cgroup holds.
+EAT = (
+    "DO $$DECLARE a text[] := '{}'; BEGIN FOR i IN 1..60 LOOP "
+    "a[i] := repeat(md5(i::text), 262144); PERFORM pg_sleep(0.5); END LOOP; END$$;"
+)
+
+
+def test_the_live_guard_stops_a_run_before_the_oom_killer(capped: Sandbox) -> None:
+    ctl = TargetController.for_sandbox(capped)
+    wl = WorkloadIn.model_validate(
+        {"builtin": None, "scripts": [{"sql": EAT}], "init": False, "clients": 1, "jobs": 1,
+         "duration_s": 45, "warmup_s": 1}
+    )  # fmt: skip
+    executor = TrialExecutor(
+        ctl,
+        capped.dsn,
+        workload_for(wl, clients=1),
+        duration_s=45,
+        warmup_s=1,
+        app_name="knobtune-pgbench-memtest",
+        meter=ctl.memory_meter(),
+    )
+    with psycopg.connect(capped.dsn) as conn:
+        started = conn.execute("SELECT pg_postmaster_start_time()").fetchone()
+    cand = Candidate(0, {"work_mem": "4MB"}, "work_mem", "4MB", "candidate")
+    out = executor.run(cand, incumbent={"work_mem": "4MB"})
+    assert out.rejected is not None, out.error
+    assert out.rejected.startswith("memory guard (live): the server held")
+    assert "over 90% of the 320MB it may use; run stopped" in out.rejected
+    assert out.timings["bench_s"] < 40  # stopped, not run to its end
+    # the server is up, was never restarted (no backend was OOM-killed), and the hungry
+    # backend is gone
+    assert ctl.is_up()
+    with psycopg.connect(capped.dsn) as conn:
+        assert conn.execute("SELECT pg_postmaster_start_time()").fetchone() == started
+        left = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'knobtune-%'"
+        ).fetchone()
+    assert left == (0,)
+    log = capped.log_path.read_text(errors="replace")
+    assert "terminated by signal 9" not in log
+    assert "out of memory" not in log.lower()
+
+
+def _session(client: TestClient, body: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    r = client.post(
+        "/api/v1/targets", json={"name": "capped-320", "sandbox": {"memory": str(LIMIT)}}
+    )
+    assert r.status_code == 201, r.text
+    tid = r.json()["id"]
+    r = client.post("/api/v1/sessions", json={"target_id": tid, **body})
+    assert r.status_code == 202, r.text
+    final = wait_done(client, r.json()["id"], 300)
+    trials = client.get(f"/api/v1/sessions/{final['id']}/trials").json()
+    return final, trials
+
+
+def test_a_small_server_gets_a_pool_well_past_a_quarter_of_its_memory(client: TestClient) -> None:
+    final, trials = _session(
+        client,
+        {
+            "knobs": ["shared_buffers"],
+            "hints": False,
+            "max_trials": 7,
+            "final_check_runs": 0,
+            "seed": 1,
+            "workload": {"builtin": "select-only", "scale": 1, "clients": 2, "jobs": 1,
+                         "duration_s": 3, "warmup_s": 1},
+        },
+    )  # fmt: skip
+    assert final["status"] == "succeeded", final
+    cands = [t for t in trials if t["role"] == "candidate"]
+    # x4 from 128MB is past the knob's bound (90% of 320MB): 288MB, whose pool and WAL
+    # buffers with what the server holds besides pass 90% of its memory: refused unapplied
+    first = cands[0]
+    assert first["value"] == "288MB", cands
+    assert first["verdict"] == "rejected"
+    assert first["reason"].startswith("memory guard: would hold")
+    assert "apply_s" not in first["timings"]
+    # then a finer step: 256MB, 80% of the server's memory, applied (a restart) and measured
+    second = cands[1]
+    assert second["value"] == "256MB", cands
+    assert second["verdict"] != "rejected", second
+    assert second["error"] is None
+    assert second["samples"]["n"] > 0
+    assert "apply_s" in second["timings"]
