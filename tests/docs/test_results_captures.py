@@ -1,6 +1,7 @@
 """docs/results/ commands of the capture pages (what a capture costs the server, whether a
-replay predicts the original), run small (tests/docs/results_cmds.py): every step runs and
-the output holds what the pages' figures come from. The figures need the full-size runs.
+replay predicts the original), one per script run small (tests/docs/results_cmds.py):
+every step runs and the output holds what the pages' figures come from. The figures need
+the full-size runs; the other commands are parsed (tests/docs/test_results_parse.py).
 
 One module per page group: the suite hands out whole modules to its workers."""
 
@@ -38,34 +39,27 @@ def _overhead(name: str, out: str, tmp: Path) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_results_capture_overhead(tmp_path: Path) -> None:
+    """The page's command on the host; its profile small one (the same path, in a cgroup)
+    is parsed (tests/docs/test_results_parse.py)."""
     doc = _overhead("results-capture-overhead", "bench/results/capture-overhead.json", tmp_path)
     assert doc["profile"] is None
 
 
 @needs_cgroups
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_results_capture_overhead_on_a_capped_disk(tmp_path: Path) -> None:
-    doc = _overhead(
-        "results-capture-overhead-small", "bench/results/capture-overhead-small.json", tmp_path
-    )
-    assert doc["profile"]["name"] == "small"
-
-
-@needs_cgroups
-@pytest.mark.slow
-@pytest.mark.timeout(1000)  # two commands: about 290 s on this 2-core host
+@pytest.mark.timeout(600)  # about 145 s on this 2-core host
 def test_results_replay_fidelity(tmp_path: Path) -> None:
-    """The fidelity experiment's commands, small: on a capped disk the known effect
-    (synchronous_commit off) shows on the original, at the captured pace (latency) and
-    flat out (statements a second), and flat out on its replay with the same sign, with
-    every original run started at a checkpoint, or from a fresh copy of its loaded data,
-    as every replay run is.
+    """The fidelity experiment's fresh-copy command, small: on a capped disk, the known
+    effect (synchronous_commit off) and a no-op pair measured on the original and on its
+    replay, every run from a fresh copy of the loaded data, then a session on the replay
+    and its confirmation. Which way the effect went in a 2 s run is not asserted (a
+    benchmark effect on a shared 2-core host; the page's full-size runs measure it): the
+    output holds both sides' estimates and checks, from runs that did what was asked.
 
-    The flat-out commands are one command but for the flag (--original-checkpoint,
-    --original-fresh or neither), its budget and its output file (checked here). Two runs
-    cover the four (a run costs about 145 s of a suite that is CPU-bound): the paced one
-    with --original-checkpoint added, and the fresh one."""
+    The four commands are one script: the flat-out ones are one command but for the flag
+    (--original-checkpoint, --original-fresh or neither), its budget and its output file
+    (checked here); the paced one differs in numbers. All four are parsed
+    (tests/docs/test_results_parse.py)."""
     paced_cmd, flat_cmd, checkpointed_cmd, fresh_cmd = command(
         "results-replay-fidelity"
     ).splitlines()
@@ -79,9 +73,10 @@ def test_results_replay_fidelity(tmp_path: Path) -> None:
     assert "--original-checkpoint" in checkpointed_cmd
     assert "--original-fresh" in fresh_cmd
     assert args(flat_cmd) == args(checkpointed_cmd) == args(fresh_cmd)
+    assert "--speed" not in paced_cmd  # the paced one replays at the captured pace
     # the page's capture, rounds, run length and budget set back to --small's
     block = small(
-        f"{paced_cmd} --original-checkpoint\n{fresh_cmd}",
+        fresh_cmd,
         tmp_path,
         small=None,
         minutes="0.17",
@@ -90,29 +85,14 @@ def test_results_replay_fidelity(tmp_path: Path) -> None:
         warmup="0",  # at speed 16 a 1 s warm-up is 16 s of the capture: all of a small one
         budget_s="10",
     )
-    res = run(block, timeout=950)
+    res = run(block, timeout=550)
     assert "same sign" in res.stdout
-    paced = _fidelity(tmp_path / "bench/results/replay-fidelity-sync-commit.json", None)
-    # the commit wait gone: TPC-C's transactions a second gain on the original. Not the
-    # mix's throughput (the geometric mean with the reporting stream): in one 2 s run the
-    # reporting stream finishes a query or two and loses its share of the disk to a faster
-    # TPC-C (CI once: rate +98%, report latency +150%, the mean -8.5%). The replay's change
-    # at the captured pace is estimated, but from one 2 s run of a 10 s capture it is not a
-    # measurement, not even its sign (+6.5% once on a CI-like run with four workers,
-    # -13.8% on another): the page's full-size runs measured it (-38.7%, p=0.0015)
-    assert paced["original"]["level"]["rate"]["gain"] > 0.1, paced["original"]
-    assert paced["replay"]["level"]["latency_mean"]["rounds"] == 1, paced["replay"]
-    flat_doc = _fidelity(
-        tmp_path / "bench/results/replay-fidelity-fresh.json", "rate_like_for_like"
-    )
-    # flat out, the replay runs more statements a second, as TPC-C runs more transactions
-    assert flat_doc["original"]["level"]["rate"]["gain"] > 0.1, flat_doc["original"]
-    assert flat_doc["replay"]["level"]["rate"]["gain"] > 0.1, flat_doc["replay"]
+    _fidelity(tmp_path / "bench/results/replay-fidelity-fresh.json")
 
 
-def _fidelity(out: Path, compared: str | None) -> dict[str, Any]:
-    """What every fidelity run's output holds; the known effect's estimates per side,
-    whose ``compared`` figures (a check's name, if given) have the same sign on both."""
+def _fidelity(out: Path) -> None:
+    """What every fidelity run's output holds: each pair's runs on both sides with the
+    settings asked for, the server's counters, the estimates and their checks."""
     doc = json.loads(out.read_text())
     explain = doc["report_query"]["explain"]
     assert explain["spills_at_4MB"], explain
@@ -122,23 +102,23 @@ def _fidelity(out: Path, compared: str | None) -> dict[str, Any]:
     for side in SIDES:
         runs = doc["fidelity"][side]["runs"]
         assert {r["pair"] for r in runs} == {"synchronous_commit", "no-op"}
+        # the known effect's runs ran the default and the changed setting, one of each
+        sync_configs = sorted(r["config"] for r in runs if r["pair"] == "synchronous_commit")
+        assert sync_configs == ["synchronous_commit=off", "synchronous_commit=on"], runs
         # the reporting query ran in every run, on both sides
         assert all(r["report_ms"] is not None and r["report_n"] > 0 for r in runs), runs
         # nothing failed on replay
         assert not [r["failed_by_label"] for r in runs if r["failed"]]
         # each run's server counters: was there a checkpoint in it, how much WAL
-        assert all("wal_bytes" in (r["counters"] or {}) for r in runs), runs
+        assert all((r["counters"] or {}).get("wal_bytes", 0) > 0 for r in runs), runs
         for pair in ("synchronous_commit", "no-op"):
             est = doc["fidelity"][side]["pairs"][pair]["report_latency_change"]
             assert est["rounds"] == 1
-    sync = {side: doc["fidelity"][side]["pairs"]["synchronous_commit"] for side in SIDES}
+    # the effect's sign compared on both sides (what the page reports), whichever it was
     checks = doc["checks"]["synchronous_commit"]
-    if compared is None:
-        assert isinstance(checks["level"]["same_sign"], bool), checks  # estimated
-    else:
-        assert checks[compared]["same_sign"] is True, checks
+    for compared in ("level", "rate_like_for_like"):
+        assert isinstance(checks[compared]["same_sign"], bool), checks
     assert set(doc["checks"]["no-op"]["holds_zero"]) == {"original", "replay"}
     assert doc["session"]["trials"] >= 1
     assert doc["confirmation"]["runs"]  # --small confirms even an unchanged config
     assert set(doc["timings"]) >= {"capture_s", "session_s", "confirmation_s"}
-    return sync
