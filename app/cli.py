@@ -382,12 +382,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     import app.main  # noqa: F401  (the service's modules, loaded before the freeze below)
-    from app.db import upgrade
-    from app.main import secure_startup
+    from app.db import Database, upgrade
+    from app.main import check_key, secure_startup, uvicorn_options
     from app.settings import get_settings
+    from app.vault import SecretKeyError
 
-    secure_startup(get_settings())  # private files and the key, before the DB is created
-    upgrade(get_settings().database_url)
+    settings = get_settings()
+    try:
+        secure_startup(settings)  # private files and the key, before the DB is created
+        upgrade(settings.database_url)
+        db = Database(settings.database_url)
+        try:  # here too, so that a refusal is one line, not uvicorn's startup traceback
+            check_key(settings, db)
+        finally:
+            db.dispose()
+    except SecretKeyError as exc:
+        raise CliError(str(exc)) from None
     # What is loaded now (modules, classes, mappers) lives as long as the process. Out of
     # the collector's sight, a full collection no longer stops every thread for ~125 ms
     # (most of the pollers' p99 in bench/api_load.py).
@@ -400,6 +410,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=args.port,
         workers=args.workers,
         log_level=args.log_level,
+        # proxy headers from KNOBTUNE_TRUSTED_PROXIES only; a deadline for request headers
+        **uvicorn_options(settings),
     )
     return 0
 
@@ -409,12 +421,39 @@ def cmd_db(args: argparse.Namespace) -> int:
     from app.settings import get_settings
 
     url = get_settings().database_url
+    if args.action == "adopt-key":
+        return _adopt_key()
     if args.action == "upgrade":
         upgrade(url, args.revision or "head")
     else:
         downgrade(url, args.revision or "base")
     default = "head" if args.action == "upgrade" else "base"
     print(f"metadata DB {args.action}d to {args.revision or default}")
+    return 0
+
+
+def _adopt_key() -> int:
+    """``knobtune db adopt-key``: this process's key becomes the metadata DB's; the keys
+    it lacks are given up (lost for good: app/vault.py)."""
+    from app import vault
+    from app.db import Database, upgrade
+    from app.main import service_key
+    from app.settings import get_settings
+
+    settings = get_settings()
+    try:
+        key, source = service_key(settings)
+    except vault.SecretKeyError as exc:
+        raise CliError(str(exc)) from None
+    upgrade(settings.database_url)
+    db = Database(settings.database_url)
+    try:
+        dropped = vault.adopt_key(db.engine, key, source=source, instance=settings.instance_id)
+    finally:
+        db.dispose()
+    print(f"the metadata DB's secrets now need only this key ({source})")
+    for fp in dropped:
+        print(f"  gave up key {fp[:12]}: DSNs it encrypted must be registered again")
     return 0
 
 
@@ -1389,7 +1428,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     s = command("db", "migrate the metadata DB ($KNOBTUNE_DATABASE_URL)", cmd_db)
-    s.add_argument("action", choices=["upgrade", "downgrade"], help="direction")
+    s.add_argument(
+        "action",
+        choices=["upgrade", "downgrade", "adopt-key"],
+        help="direction; adopt-key: this process's secret key becomes the DB's, giving up "
+        "a lost one (the DSNs it encrypted must be registered again)",
+    )
     s.add_argument(
         "revision", nargs="?", help="Alembic revision (default: head to upgrade, base to downgrade)"
     )

@@ -23,7 +23,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import db as dbmod
 from app import vault, workloads
+from app.api import transport
 from app.api.captures import IMPORT_PATH
+from app.api.csrf import CrossSiteGuard
 from app.api.deps import AuthThrottle, require_token
 from app.api.errors import service_error
 from app.api.v1 import ROUTERS
@@ -56,6 +58,26 @@ def _json_safe(value: Any) -> Any:
     return jsonable_encoder(value)
 
 
+def service_key(settings: Settings) -> tuple[str, str]:
+    """The secret key text and where it comes from (app.vault.service_key)."""
+    given = settings.secret_key.get_secret_value() if settings.secret_key else None
+    return vault.service_key(
+        given, settings.secret_key_file, settings.work_dir, settings.database_url
+    )
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """`knobtune serve`'s uvicorn options that the settings decide: trusted proxies, the
+    header deadline (app/api/transport.py)."""
+    return transport.uvicorn_options(settings)
+
+
+def check_key(settings: Settings, db: dbmod.Database) -> None:
+    """After the upgrade: the key holds every key the metadata DB's secrets need."""
+    key, source = service_key(settings)
+    vault.check_key(db.engine, key, source=source, instance=settings.instance_id)
+
+
 def secure_startup(settings: Settings) -> None:
     """Before the metadata DB opens: private files, the secret key, the children's user.
 
@@ -64,8 +86,8 @@ def secure_startup(settings: Settings) -> None:
     """
     vault.private_work_dir(settings.work_dir)
     vault.private_sqlite(settings.database_url)
-    key = settings.secret_key.get_secret_value() if settings.secret_key else None
-    vault.configure(key, settings.work_dir)
+    key, source = service_key(settings)
+    vault.configure(key, settings.work_dir, source)
     privilege.configure(settings.run_as_user)
     if privilege.dropping():
         privilege.child_identity()  # raises PrivilegeError naming the fix
@@ -194,6 +216,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         dbmod.upgrade(settings.database_url)
         vault.private_sqlite(settings.database_url)  # files SQLite made during the upgrade
         db = dbmod.Database(settings.database_url)
+        try:
+            check_key(settings, db)  # another process's key: refuse, before any work
+        except BaseException:
+            db.dispose()
+            raise
         seal_stored_secrets(db)  # plain-text DSNs of an older version: encrypted now
         # captured logs live under this service's work directory; the replay workload
         # (below app/captures) gets its loader handed over here
@@ -228,11 +255,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         description="Tunes a PostgreSQL server's knobs by noise-aware coordinate descent.",
         lifespan=lifespan,
+        # JSON bodies only with a JSON Content-Type (FastAPI >= 0.132; an error before):
+        # a foreign page's text/plain or type-less POST is not parsed as JSON (CSRF).
+        strict_content_type=True,
     )
     app.state.settings = settings
     app.state.pages = RenderedPages()
-    app.state.auth_throttle = AuthThrottle(settings.auth_free_failures, settings.auth_lockout_max_s)
-    # added last = runs first: the Host check, then the body limit, then the connect limit
+    app.state.auth_throttle = AuthThrottle(
+        settings.auth_free_failures,
+        settings.auth_lockout_max_s,
+        global_per_minute=settings.auth_global_failures,
+    )
+    # added last = runs first: the Host check, the cross-site check, then the body limit,
+    # then the connect limit
     app.add_middleware(TargetWorkLimit, limit=settings.target_connects)
     app.add_middleware(
         BodyLimit,
@@ -244,6 +279,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         },
     )
+    app.add_middleware(CrossSiteGuard, allowed_origins=settings.allowed_origins)
     app.add_middleware(
         TrustedHostMiddleware, allowed_hosts=settings.allowed_hosts, www_redirect=False
     )

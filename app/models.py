@@ -374,3 +374,14 @@ class Capture(Base):
     created_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
+
+
+class SecretKey(Base):
+    """A key that has encrypted secrets in this metadata DB, by its fingerprint only (an
+    HMAC keyed by the key: app/vault.py). A process lacking one refuses to start."""
+
+    __tablename__ = "secret_keys"
+
+    fingerprint: Mapped[str] = mapped_column(String(64), primary_key=True)
+    first_used_by: Mapped[str] = mapped_column(String(200))  # the process (instance id)
+    first_used_at: Mapped[datetime]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import socket
@@ -9,6 +10,7 @@ import uuid
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -93,7 +95,16 @@ class Settings(BaseSettings):
     secret_key: SecretStr | None = Field(
         default=None,
         description="Fernet key(s) that encrypt stored DSN passwords (comma-separated: the "
-        "first encrypts, all decrypt). Unset: generated into <work_dir>/secret.key (0600).",
+        "first encrypts, all decrypt). Unset: KNOBTUNE_SECRET_KEY_FILE, else, with the "
+        "embedded SQLite metadata DB only, generated into <work_dir>/secret.key (0600). "
+        "Processes sharing a metadata DB must share the key: each checks it against the "
+        "fingerprint the DB recorded at first use and refuses to start on another.",
+    )
+    secret_key_file: Path | None = Field(
+        default=None,
+        description="A file holding the key(s), in KNOBTUNE_SECRET_KEY's format, used when "
+        "that is unset: created with a new key (0600) when absent. With a PostgreSQL "
+        "metadata DB one of the two is required; copy the file to every process's host.",
     )
 
     @field_validator("restart_methods")
@@ -145,6 +156,38 @@ class Settings(BaseSettings):
     auth_lockout_max_s: float = Field(
         default=300.0, ge=1.0, description="Longest lockout after repeated wrong tokens."
     )
+    auth_global_failures: int = Field(
+        default=60,
+        ge=1,
+        description="Wrong tokens per minute from all addresses together. Beyond it, every "
+        "token check answers 429 for a minute, whatever the address, the right token "
+        "included: guessing from many addresses gains nothing. In memory, per process.",
+    )
+
+    # -- the HTTP front (issue 40) ------------------------------------------------------
+    allowed_origins: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="Origins (scheme://host[:port]) besides the service's own whose web pages "
+        "may send state-changing requests (POST, PUT, PATCH, DELETE), comma-separated. A "
+        "request with another Origin, or with Sec-Fetch-Site: cross-site, gets 403 (CSRF). "
+        "Clients that are not browsers send neither header. Needed behind a proxy that "
+        "rewrites the Host header: give the public origin, e.g. https://knobtune.example.com.",
+    )
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="Addresses or networks (CIDR) of reverse proxies whose X-Forwarded-For "
+        "and X-Forwarded-Proto `knobtune serve` believes, comma-separated. Default: none, "
+        "so a client address is the connection's and cannot be made up by a header (wrong "
+        "tokens are counted per address).",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="Seconds a client of `knobtune serve` has to send a request's line and "
+        "headers, from the connection (or the previous response); slower ones are "
+        "disconnected, so half-sent requests cannot hold connections open.",
+    )
 
     # -- workload captures (issue 28) ---------------------------------------------------
     capture_max_bytes: int = Field(
@@ -162,6 +205,34 @@ class Settings(BaseSettings):
         "target's log and loads no host, so it does not count against "
         "max_parallel_sessions.",
     )
+
+    @field_validator("allowed_origins", mode="before")
+    @classmethod
+    def _origin_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = [o for o in (x.strip() for x in v.split(",")) if o]
+        if isinstance(v, list):
+            v = [normalize_origin(str(o)) for o in v]
+        return v
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _proxy_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = [p for p in (x.strip() for x in v.split(",")) if p]
+        if isinstance(v, list):
+            out = []
+            for p in map(str, v):
+                try:  # canonical: uvicorn takes what it cannot parse as a literal name
+                    net = ipaddress.ip_network(p, strict=False)
+                except ValueError:
+                    raise ValueError(
+                        f"trusted proxy {p!r}: give an IP address or network, e.g. 10.0.0.5 "
+                        "or 10.0.0.0/24"
+                    ) from None
+                out.append(str(net) if "/" in p else str(net.network_address))
+            v = out
+        return v
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod
@@ -186,7 +257,7 @@ class Settings(BaseSettings):
     def _absolute_work_dir(cls, v: Path) -> Path:
         return v.expanduser().resolve()
 
-    @field_validator("sandbox_dir")
+    @field_validator("sandbox_dir", "secret_key_file")
     @classmethod
     def _absolute_sandbox_dir(cls, v: Path | None) -> Path | None:
         return v.expanduser().resolve() if v is not None else None
@@ -195,6 +266,17 @@ class Settings(BaseSettings):
     @classmethod
     def _absolute_sqlite_path(cls, v: str) -> str:
         return absolute_sqlite_url(v)
+
+
+def normalize_origin(origin: str) -> str:
+    """``scheme://host[:port]`` lower-cased, as browsers send Origin; ValueError otherwise."""
+    text = origin.strip().rstrip("/").lower()
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"origin {origin!r}: give scheme://host[:port], e.g. https://ops.example")
+    if parts.path or parts.query or parts.fragment or "@" in parts.netloc:
+        raise ValueError(f"origin {origin!r}: only scheme://host[:port], no path, query or user")
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def absolute_sqlite_url(url: str) -> str:

@@ -6,7 +6,7 @@ download of the log (``GET /captures/{id}/log``), which needs the token like eve
 
 from __future__ import annotations
 
-from fastapi import Query, Request, Response
+from fastapi import HTTPException, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import DB, AppSettings, Sched, api_router
@@ -17,6 +17,20 @@ from app.schemas import CAPTURE_NAME, CaptureIn, CaptureOut
 
 router = api_router("captures")
 IMPORT_PATH = "/api/v1/captures/import"  # the one route whose body may be a whole log
+# What an import's body may be sent as: the CLI sends gzip. Not text/plain (nor no type):
+# a foreign web page can POST those without a CORS preflight (a CSRF import).
+IMPORT_TYPES = ("application/gzip", "application/x-gzip", "application/octet-stream")
+
+
+def _import_type(request: Request) -> None:
+    given = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if given not in IMPORT_TYPES:
+        raise HTTPException(
+            415,
+            f"send the log with Content-Type {' or '.join(IMPORT_TYPES[::2])} (its bytes "
+            f"plain or gzip-compressed), not {given or 'none'}; the CLI does: knobtune "
+            "captures import FILE --name NAME",
+        )
 
 
 def _out(db: DB, cap: Capture) -> CaptureOut:
@@ -44,8 +58,10 @@ async def import_capture(
     database: str | None = Query(default=None, min_length=1, max_length=63),
 ) -> CaptureOut:
     """A capture from a server log sent as the body: text, or gzip (by its magic bytes),
-    at most KNOBTUNE_CAPTURE_MAX_BYTES of text. The service never opens a file a client
-    names: the client uploads the log."""
+    at most KNOBTUNE_CAPTURE_MAX_BYTES of text, sent as application/gzip or
+    application/octet-stream. The service never opens a file a client names: the client
+    uploads the log."""
+    _import_type(request)  # before the body is read
     body = await request.body()
     cap = await run_in_threadpool(
         service.import_capture, db, settings, name=name, database=database, body=body

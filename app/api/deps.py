@@ -6,6 +6,7 @@ import math
 import secrets
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -68,13 +69,31 @@ class AuthThrottle:
     checked, so guessing runs at most about one try per ``max_lockout_s``. A right token
     resets the count; ``window_s`` without a failure forgets it. Behind a reverse proxy
     every client has the proxy's address and shares one count.
+
+    Addresses are cheap to an attacker with many of them (or behind a proxy that passes
+    made-up X-Forwarded-For on), so there is a global budget too: more than
+    ``global_per_minute`` wrong tokens within a minute, from all addresses together, lock
+    every token check for ``GLOBAL_LOCK_S``. The right token is refused then too: were it
+    accepted, the lockout would still tell a right guess from a wrong one.
     """
 
-    def __init__(self, free: int, max_lockout_s: float, window_s: float = 900.0) -> None:
+    GLOBAL_WINDOW_S = 60.0
+    GLOBAL_LOCK_S = 60.0
+
+    def __init__(
+        self,
+        free: int,
+        max_lockout_s: float,
+        window_s: float = 900.0,
+        global_per_minute: int = 60,
+    ) -> None:
         self.free, self.max_lockout_s, self.window_s = free, max_lockout_s, window_s
+        self.global_per_minute = global_per_minute
         self._lock = threading.Lock()
         # bounded: many addresses cannot grow it without limit
         self._seen: TTLCache[str, _Failures] = TTLCache(maxsize=10_000, ttl=window_s)
+        self._recent: deque[float] = deque()  # every failure of the last minute
+        self._all_locked_until = 0.0
 
     def retry_after(self, address: str) -> float:
         """Seconds until ``address`` may present a token again (0: now)."""
@@ -82,9 +101,20 @@ class AuthThrottle:
             f = self._seen.get(address)
             return max(0.0, f.locked_until - time.monotonic()) if f else 0.0
 
+    def global_retry_after(self) -> float:
+        """Seconds until any token is checked again (0: now)."""
+        with self._lock:
+            return max(0.0, self._all_locked_until - time.monotonic())
+
     def failed(self, address: str) -> None:
         now = time.monotonic()
         with self._lock:
+            self._recent.append(now)
+            while self._recent and now - self._recent[0] > self.GLOBAL_WINDOW_S:
+                self._recent.popleft()
+            if len(self._recent) > self.global_per_minute:
+                self._all_locked_until = now + self.GLOBAL_LOCK_S
+                self._recent.clear()
             f = self._seen.get(address) or _Failures()
             if now - f.last > self.window_s:
                 f = _Failures()
@@ -105,8 +135,9 @@ def client_address(request: Request) -> str:
 def authenticate(request: Request, given: str) -> bool:
     """Whether ``given`` is the service's token, counting wrong ones per client address.
 
-    Raises HTTPException(429) while the address is locked out (AuthThrottle). Without a
-    token configured everything is allowed; an empty ``given`` is no guess and not counted.
+    Raises HTTPException(429) while the address is locked out, or every address is
+    (AuthThrottle's global budget). Without a token configured everything is allowed; an
+    empty ``given`` is no guess and not counted.
     """
     settings = get_settings(request)
     if settings.api_token is None:
@@ -114,6 +145,15 @@ def authenticate(request: Request, given: str) -> bool:
     if not given:
         return False
     throttle: AuthThrottle = request.app.state.auth_throttle
+    wait = throttle.global_retry_after()
+    if wait > 0:
+        raise HTTPException(
+            status_code=429,
+            detail=f"too many wrong tokens from all addresses (over "
+            f"KNOBTUNE_AUTH_GLOBAL_FAILURES={throttle.global_per_minute} a minute): no token is "
+            f"checked for {math.ceil(wait)} s",
+            headers={"Retry-After": str(math.ceil(wait))},
+        )
     address = client_address(request)
     wait = throttle.retry_after(address)
     if wait > 0:

@@ -72,28 +72,27 @@ def export_config(
     )
 
 
+# apply and rollback change a server: their JSON body is required ({} for the defaults),
+# so a POST without one (a foreign page's, or a mistake) gets 422 before any work.
 @router.post("/sessions/{session_id}/apply", response_model=ApplyOut)
-def apply_session(
-    session_id: int, db: DB, settings: AppSettings, body: ApplyIn | None = None
-) -> ApplyOut:
+def apply_session(session_id: int, db: DB, settings: AppSettings, body: ApplyIn) -> ApplyOut:
     """Apply the session's recommendation to its target (``dry_run``: only the diff).
 
     ALTER SYSTEM, a reload (a restart where a knob needs one and the target has a
-    restart method), every value checked in pg_settings; recorded for a rollback.
+    restart method), every value checked in pg_settings; recorded for a rollback. The
+    body is required: ``{}`` applies with the defaults.
     """
-    return apply.apply_session(db, settings, session_id, body or ApplyIn())
+    return apply.apply_session(db, settings, session_id, body)
 
 
 @router.post("/sessions/{session_id}/rollback", response_model=ApplyOut)
-def rollback_session(
-    session_id: int, db: DB, settings: AppSettings, body: RollbackIn | None = None
-) -> ApplyOut:
-    """Put back the settings the session's last apply replaced.
+def rollback_session(session_id: int, db: DB, settings: AppSettings, body: RollbackIn) -> ApplyOut:
+    """Put back the settings the session's last apply replaced (body required: ``{}``).
 
     A server whose settings changed since the apply gets 409 with the difference, unless
     ``confirm`` is true.
     """
-    return apply.rollback_session(db, settings, session_id, body or RollbackIn())
+    return apply.rollback_session(db, settings, session_id, body)
 
 
 @router.get("/sessions/{session_id}/applies", response_model=list[ApplyOut])

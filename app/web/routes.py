@@ -14,7 +14,7 @@ import threading
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import parse_qsl, quote, urlsplit
+from urllib.parse import parse_qsl, quote
 
 from cachetools import TTLCache
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -23,6 +23,7 @@ from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 from sqlalchemy import select
 
+from app.api.csrf import cross_site_refusal
 from app.api.deps import (
     DB,
     TOKEN_COOKIE,
@@ -180,14 +181,16 @@ def _page_auth(request: Request, ok: Annotated[bool, Depends(is_authorized)]) ->
         raise HTTPException(303, headers={"Location": "/login?next=" + quote(here, safe="")})
 
 
-def _same_origin(request: Request) -> None:
+def _same_origin(request: Request, settings: AppSettings) -> None:
     """Refuse cross-site form posts (CSRF): a browser always sends Origin on a POST.
 
     Needed even without a token: otherwise any web page a user visits could
-    start sessions on their targets through a plain HTML form.
+    start sessions on their targets through a plain HTML form. The rule is the API's
+    (app/api/csrf.py, whose middleware also runs before this).
     """
-    origin = request.headers.get("origin")
-    if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
+    names = ("origin", "sec-fetch-site", "host")
+    headers = {k: request.headers[k] for k in names if k in request.headers}
+    if cross_site_refusal(request.method, headers, frozenset(settings.allowed_origins)):
         raise HTTPException(403, "cross-site form post refused: use the dashboard's own form")
 
 

@@ -57,8 +57,13 @@ def log_of(*statements: str, session: str = "6b0a0000.1f00", db: str = "shop") -
     return "\n".join(lines) + "\n"
 
 
+LOG = {"Content-Type": "application/octet-stream"}  # an import's body (text or gzip)
+
+
 def _import(client: TestClient, name: str, body: bytes | str, **params: str) -> object:
-    return client.post("/api/v1/captures/import", params={"name": name, **params}, content=body)
+    return client.post(
+        "/api/v1/captures/import", params={"name": name, **params}, content=body, headers=LOG
+    )
 
 
 # -- sizes ------------------------------------------------------------------------------------
@@ -75,6 +80,7 @@ def test_an_oversized_import_is_413_naming_the_setting(svc: tuple[TestClient, Se
         "/api/v1/captures/import",
         params={"name": "too-big"},
         content=(big[i : i + 65536].encode() for i in range(0, len(big), 65536)),
+        headers=LOG,
     )
     assert r.status_code == 413, r.text
     # a gzip bomb: small on the wire, over the limit once unpacked
@@ -138,21 +144,22 @@ def test_no_response_or_service_log_carries_a_captured_literal(
         f"INSERT INTO t VALUES ('{SECRET}', $${SECRET}$$, E'{SECRET}')",
         f"SET app.token = '{SECRET}'",
     )
-    r = call("POST", "/api/v1/captures/import?name=planted", content=planted)
+    r = call("POST", "/api/v1/captures/import?name=planted", content=planted, headers=LOG)
     assert r.status_code == 201  # type: ignore[attr-defined]
     cid = r.json()["id"]  # type: ignore[attr-defined]
     call("GET", "/api/v1/captures")
     call("GET", f"/api/v1/captures/{cid}")
     call("POST", f"/api/v1/captures/{cid}/cancel")  # 409: already succeeded
-    call("POST", "/api/v1/captures/import?name=planted", content=planted)  # 409: name taken
+    # 409: name taken
+    call("POST", "/api/v1/captures/import?name=planted", content=planted, headers=LOG)
     broken = f"2026-11-27 garbage {SECRET}\nnot a log line at all '{SECRET}'\n"
-    r = call("POST", "/api/v1/captures/import?name=broken", content=broken)
+    r = call("POST", "/api/v1/captures/import?name=broken", content=broken, headers=LOG)
     assert r.status_code == 422  # type: ignore[attr-defined]
     assert "line" in r.json()["detail"]  # type: ignore[attr-defined]
     two_dbs = planted + log_of(f"SELECT '{SECRET}'", session="6b0a0000.2f00", db="other")
-    r = call("POST", "/api/v1/captures/import?name=two", content=two_dbs)
+    r = call("POST", "/api/v1/captures/import?name=two", content=two_dbs, headers=LOG)
     assert r.status_code == 422  # type: ignore[attr-defined]
-    call("POST", "/api/v1/captures/import?name=nothing&database=none", content=planted)
+    call("POST", "/api/v1/captures/import?name=nothing&database=none", content=planted, headers=LOG)
     call("GET", "/captures")
     call("GET", f"/captures/{cid}")
     call("POST", f"/captures/{cid}/sessions", data={"target_id": "1", "speed": "1"})

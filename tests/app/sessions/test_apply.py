@@ -135,7 +135,7 @@ def test_apply_verify_rollback_leaves_the_server_exactly_as_before(
     assert state(sb) == before
 
     # Apply: reload, a restart for shared_buffers, every value checked.
-    r = api.post(f"/api/v1/sessions/{sid}/apply")
+    r = api.post(f"/api/v1/sessions/{sid}/apply", json={})
     assert r.status_code == 200, r.text
     done = r.json()
     assert done["status"] == "applied", done
@@ -162,11 +162,11 @@ def test_apply_verify_rollback_leaves_the_server_exactly_as_before(
         assert row.after is not None
 
     # Applying again changes nothing: the server runs the values already.
-    again = api.post(f"/api/v1/sessions/{sid}/apply").json()
+    again = api.post(f"/api/v1/sessions/{sid}/apply", json={}).json()
     assert again["status"] == "nothing-to-do", again
 
     # Roll back: files, settings and the auto.conf text exactly as before the apply.
-    r = api.post(f"/api/v1/sessions/{sid}/rollback")
+    r = api.post(f"/api/v1/sessions/{sid}/rollback", json={})
     assert r.status_code == 200, r.text
     back = r.json()
     assert back["status"] == "rolled-back", back
@@ -177,7 +177,7 @@ def test_apply_verify_rollback_leaves_the_server_exactly_as_before(
         "rolled-back"
     ]
     # Nothing left to roll back.
-    r = api.post(f"/api/v1/sessions/{sid}/rollback")
+    r = api.post(f"/api/v1/sessions/{sid}/rollback", json={})
     assert r.status_code == 409
     assert "no apply to roll back" in r.json()["detail"]
 
@@ -195,7 +195,7 @@ def test_without_a_restart_method_a_restart_knob_is_flagged_pending(
     assert dry["restart"] == "pending"
     assert "next restart" in dry["message"]
 
-    done = api.post(f"/api/v1/sessions/{sid}/apply").json()
+    done = api.post(f"/api/v1/sessions/{sid}/apply", json={}).json()
     assert done["status"] == "applied", done
     assert done["restart"] == "pending"
     assert done["pending_restart"] == ["shared_buffers"]
@@ -207,7 +207,7 @@ def test_without_a_restart_method_a_restart_knob_is_flagged_pending(
     assert show(sb, "work_mem") == "28MB"
     assert show(sb, "shared_buffers") == "128MB"  # until somebody restarts it
 
-    back = api.post(f"/api/v1/sessions/{sid}/rollback").json()
+    back = api.post(f"/api/v1/sessions/{sid}/rollback", json={}).json()
     assert back["status"] == "rolled-back", back
     assert back["pending_restart"] == []
     assert state(sb) == before
@@ -220,7 +220,7 @@ def test_a_server_changed_since_the_apply_gets_a_diff_and_needs_a_confirmation(
     sb = sandbox_factory()
     tid = register(api, sb, restart=False)
     sid = finished_session(api, tid, {"work_mem": "28MB"}, start={"work_mem": "4MB"})
-    assert api.post(f"/api/v1/sessions/{sid}/apply").json()["status"] == "applied"
+    assert api.post(f"/api/v1/sessions/{sid}/apply", json={}).json()["status"] == "applied"
     alter(sb, work_mem="64MB", random_page_cost="1.5")  # somebody else, meanwhile
 
     dry = api.post(f"/api/v1/sessions/{sid}/rollback", json={"dry_run": True}).json()
@@ -228,7 +228,7 @@ def test_a_server_changed_since_the_apply_gets_a_diff_and_needs_a_confirmation(
         "random_page_cost": [None, "1.5"],
         "work_mem": ["28MB", "64MB"],
     }
-    r = api.post(f"/api/v1/sessions/{sid}/rollback")
+    r = api.post(f"/api/v1/sessions/{sid}/rollback", json={})
     assert r.status_code == 409
     detail = r.json()["detail"]
     assert "work_mem: 28MB -> 64MB" in detail
@@ -250,13 +250,13 @@ def test_apply_refuses_what_it_should_not_do(
     before = state(sb)
 
     nothing = finished_session(api, tid, {}, gain_status="no-change")
-    r = api.post(f"/api/v1/sessions/{nothing}/apply")
+    r = api.post(f"/api/v1/sessions/{nothing}/apply", json={})
     assert r.status_code == 200
     assert r.json()["status"] == "nothing-to-do"
     assert "recommends no change" in r.json()["message"]
 
     shaky = finished_session(api, tid, {"work_mem": "28MB"}, gain_status="unconfirmed")
-    r = api.post(f"/api/v1/sessions/{shaky}/apply")
+    r = api.post(f"/api/v1/sessions/{shaky}/apply", json={})
     assert r.status_code == 409
     assert "force=true" in r.json()["detail"]
     assert "UNCONFIRMED" in r.json()["detail"]
@@ -265,10 +265,10 @@ def test_apply_refuses_what_it_should_not_do(
     assert "the session's gain is UNCONFIRMED" in dry["warnings"]
 
     running = finished_session(api, tid, {"work_mem": "28MB"}, status="running")
-    r = api.post(f"/api/v1/sessions/{running}/apply")
+    r = api.post(f"/api/v1/sessions/{running}/apply", json={})
     assert r.status_code == 409
     assert "still running" in r.json()["detail"]
 
-    assert api.post("/api/v1/sessions/999/apply").status_code == 404
-    assert api.post(f"/api/v1/sessions/{shaky}/rollback").status_code == 409
+    assert api.post("/api/v1/sessions/999/apply", json={}).status_code == 404
+    assert api.post(f"/api/v1/sessions/{shaky}/rollback", json={}).status_code == 409
     assert state(sb) == before
