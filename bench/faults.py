@@ -37,6 +37,7 @@ in-progress value or at the last stored trial's value.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import os
@@ -567,8 +568,10 @@ def metadata_outage(
 ) -> Run:
     meta = Sandbox.create()
     url = f"postgresql+psycopg://postgres:{meta.password}@127.0.0.1:{meta.port}/postgres"
+    # a PostgreSQL metadata DB needs the key given (app/vault.py): a Fernet key
+    env = {"KNOBTUNE_SECRET_KEY": base64.urlsafe_b64encode(os.urandom(32)).decode()}
     try:
-        with scenario("metadata_db_outage", root, factory, db_url=url, quick=quick) as sc:
+        with scenario("metadata_db_outage", root, factory, db_url=url, env=env, quick=quick) as sc:
             sid = sc.begin(["work_mem", "max_wal_size"], max_trials=5 if quick else 6)
             api = sc.service.api
             wait_until(api, sid,
