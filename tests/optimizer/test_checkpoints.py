@@ -240,7 +240,8 @@ def test_set_aside_knobs_get_runs_that_span_a_cycle_when_the_budget_holds_them()
     assert {knobs[i] for i, r in enumerate(lengths) if r == 300.0} <= {"max_wal_size", None}
     assert "max_wal_size" in {knobs[i] for i, r in enumerate(lengths) if r == 300.0}
     assert any(k == "max_wal_size" for _, k, _, _ in opt.verdicts)
-    assert opt.phases and opt.phases[0].startswith("long runs: max_wal_size on runs of 5 min")
+    assert opt.phases
+    assert opt.phases[0].startswith("long runs: max_wal_size on runs of 5 min")
     # nothing kept on the long runs: the final check is at the session's own length
     assert opt.incumbent["max_wal_size"] == "1GB"
     assert lengths[-1] is None
