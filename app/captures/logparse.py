@@ -25,7 +25,9 @@ own parser), and a label's text is the first statement's normalized SQL
 constant replaced by ``$n`` too (normalize keeps those of utility statements such as
 ``EXECUTE f(1, 'x')``) and comments dropped: a label never shows the user's values.
 Statements pglast cannot parse get one label per fingerprint of a crude normalization,
-"unparsed statement <8 hex>", and are counted.
+"unparsed statement <8 hex>", and are counted. The parser is C: a long statement is
+parsed in a worker process, and one that crashes it or is too long is unparsed
+(app/captures/sqlparse.py), so no captured statement can take the service down.
 
 Speed: the log is read line by line; statements that differ only in their literals share
 one call to the parser (a cache on the crude normalization), so a 50 MB log of ~300,000
@@ -47,15 +49,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Literal
 
-from pglast import parser as pg
-
+from app.captures import sqlparse
+from app.captures.sqlparse import LABEL_MAX, Kind
+from app.captures.sqlparse import label_text as label_text
 from app.replay.plan import PlanSession, PlanStatement, encode
 
 PREFIX = "%m|%u|%d|%c|"
-LABEL_MAX = 120  # characters of a label's text ("..." at the end when cut)
 CSV_COLUMNS = {23: "PostgreSQL 12", 24: "PostgreSQL 13", 26: "PostgreSQL 14-17"}
-
-Kind = Literal["read", "write", "other"]
 
 
 class LogFormatError(ValueError):
@@ -173,40 +173,12 @@ class _Clock:
 
 
 # -- labels ------------------------------------------------------------------------------
-_CONSTS = {"SCONST", "ICONST", "FCONST", "BCONST", "XCONST", "USCONST"}
-_COMMENTS = {"SQL_COMMENT", "C_COMMENT"}
 _LITERALS = re.compile(r"'[^']*(?:''[^']*)*'|(?<![\w$])[-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?")
-_PARAM_REF = re.compile(r"\$(\d+)")
 
 
 def _crude(sql: str) -> str:
     """Literals and runs of white space replaced: a cache key, and the unparsed label's."""
     return " ".join(_LITERALS.sub("?", sql).split())
-
-
-def label_text(sql: str) -> str:
-    """The label of a parsable statement: normalized, every constant a $n, no comment,
-    white space collapsed, at most LABEL_MAX characters. Raises pglast's ParseError."""
-    norm = pg.normalize(sql)
-    raw = norm.encode()
-    n = max((int(x) for x in _PARAM_REF.findall(norm)), default=0)
-    parts: list[bytes] = []
-    last = 0
-    for tok in pg.scan(norm):  # offsets in bytes, end inclusive
-        if tok.name in _CONSTS:
-            n += 1
-            parts += [raw[last : tok.start], f"${n}".encode()]
-            last = tok.end + 1
-        elif tok.name in _COMMENTS:
-            parts += [raw[last : tok.start], b" "]
-            last = tok.end + 1
-    parts.append(raw[last:])
-    text = " ".join(b"".join(parts).decode(errors="replace").split())
-    return _cut(text[:-1].rstrip() if text.endswith(";") else text)
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= LABEL_MAX else text[: LABEL_MAX - 3].rstrip() + "..."
 
 
 def _suffixed(text: str, suffix: str) -> str:
@@ -217,74 +189,11 @@ def _suffixed(text: str, suffix: str) -> str:
     return base[: LABEL_MAX - len(suffix) - 3].rstrip() + "..." + suffix
 
 
-_READ = {"SelectStmt", "VariableShowStmt", "FetchStmt", "DeclareCursorStmt"}
-_OTHER = {
-    "TransactionStmt",
-    "VariableSetStmt",
-    "DiscardStmt",
-    "PrepareStmt",
-    "ExecuteStmt",
-    "DeallocateStmt",
-    "LockStmt",
-    "ListenStmt",
-    "NotifyStmt",
-    "UnlistenStmt",
-    "ClosePortalStmt",
-    "CheckPointStmt",
-    "LoadStmt",
-    "ConstraintsSetStmt",
-}
-_DML = {"InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt"}
-
-
-def _stmt_kind(node: object) -> Kind:
-    name = type(node).__name__
-    if name == "ExplainStmt":
-        analyze = any(
-            getattr(o, "defname", None) == "analyze"
-            and getattr(getattr(o, "arg", None), "sval", "true") not in ("false", "off", "0")
-            and getattr(getattr(o, "arg", None), "boolval", True) is not False
-            for o in (getattr(node, "options", None) or ())
-        )
-        return _stmt_kind(getattr(node, "query", None)) if analyze else "read"
-    if name == "SelectStmt":
-        if getattr(node, "intoClause", None) is not None:
-            return "write"  # SELECT INTO creates a table
-        return "write" if _modifying_cte(node) else "read"
-    if name == "DeclareCursorStmt":
-        return _stmt_kind(getattr(node, "query", None))
-    if name == "CopyStmt":
-        return "write" if getattr(node, "is_from", False) else "read"
-    if name in _READ:
-        return "read"
-    if name in _OTHER:
-        return "other"
-    return "write"  # DML, DDL, CALL, DO: they change data or schema
-
-
-def _modifying_cte(node: object) -> bool:
-    for side in ("larg", "rarg"):
-        sub = getattr(node, side, None)
-        if sub is not None and _modifying_cte(sub):
-            return True
-    with_clause = getattr(node, "withClause", None)
-    for cte in getattr(with_clause, "ctes", None) or ():
-        q = getattr(cte, "ctequery", None)
-        if type(q).__name__ in _DML or (type(q).__name__ == "SelectStmt" and _modifying_cte(q)):
-            return True
-    return False
-
-
 def statement_kind(sql: str) -> Kind:
-    """read, write or other (module docstring of the brief: SELECT ... FOR UPDATE reads)."""
-    try:
-        stmts = pg.parse_sql(sql)
-    except pg.ParseError:
-        return "other"
-    kinds = {_stmt_kind(s.stmt) for s in stmts or ()}
-    if "write" in kinds:
-        return "write"
-    return "read" if "read" in kinds else "other"
+    """read, write or other (SELECT ... FOR UPDATE reads); other when it cannot be parsed
+    (app/captures/sqlparse.py: a long statement is parsed in a worker process)."""
+    described = sqlparse.describe(sql)
+    return described[1] if described is not None else "other"
 
 
 # -- parameters --------------------------------------------------------------------------
@@ -624,8 +533,9 @@ def _finish(acc: _Acc, fmt: Literal["stderr", "csvlog"]) -> ParsedLog:
 @dataclass
 class _Group:
     text: str
-    sql: str  # the first statement's (its kind)
+    sql: str  # the first statement's
     parsed: bool
+    kind: Kind  # the first statement's
     calls: int = 0
     failed: int = 0
 
@@ -639,23 +549,24 @@ def _labels(
     groups: list[_Group] = []
     of: list[int] = []
     unparsed = 0
+    parser = sqlparse.Parser()  # never raises: a statement it cannot parse is unparsed
     for sql, bad in zip(sqls, failed, strict=True):
         crude = _crude(sql)
         g = by_crude.get(crude)
         if g is None:
-            try:
-                key = "p" + pg.fingerprint(sql)
-                text = ""
-                if key not in by_key:
-                    text = label_text(sql)
-                parsed = True
-            except pg.ParseError:
+            fp = parser.fingerprint(sql)
+            described: tuple[str, Kind] | None = ("", "other")
+            if fp is not None and "p" + fp not in by_key:
+                described = parser.describe(sql)
+            if fp is not None and described is not None:
+                key, (text, kind), parsed = "p" + fp, described, True
+            else:
                 h = hashlib.sha256(crude.encode()).hexdigest()[:8]
-                key, text, parsed = "u" + h, f"unparsed statement {h}", False
+                key, text, kind, parsed = "u" + h, f"unparsed statement {h}", "other", False
             g = by_key.get(key)
             if g is None:
                 g = by_key[key] = len(groups)
-                groups.append(_Group(text, sql, parsed))
+                groups.append(_Group(text, sql, parsed, kind))
             by_crude[crude] = g
         grp = groups[g]
         grp.calls += 1
@@ -674,8 +585,7 @@ def _labels(
             text = _suffixed(text, f" #{used[text]}")
         else:
             used[text] = 1
-        kind: Kind = statement_kind(grp.sql) if grp.parsed else "other"
-        labels.append(Label(text, kind, grp.calls, grp.failed))
+        labels.append(Label(text, grp.kind, grp.calls, grp.failed))
     return tuple(labels), [rank[g] for g in of], unparsed
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from pglast import parser as pg_parser
 
-from app.captures import logparse
+from app.captures import logparse, sqlparse
 
 TOP = 20
 NOT_INSTALLED = "not measured: pg_stat_statements is not installed"
@@ -49,12 +49,10 @@ def databases_of(parsed: logparse.ParsedLog) -> list[str]:
 
 
 # -- pg_stat_statements ----------------------------------------------------------------------
-def fingerprint(sql: str) -> str | None:
-    """PostgreSQL's own fingerprint of a statement (constants ignored); None: unparsable."""
-    try:
-        return str(pg_parser.fingerprint(sql))
-    except Exception:  # its message quotes the statement: never passed on
-        return None
+def fingerprint(sql: str, parser: sqlparse.Parser | None = None) -> str | None:
+    """PostgreSQL's own fingerprint of a statement (constants ignored); None: unparsable.
+    A long statement is parsed in a worker process (app/captures/sqlparse.py)."""
+    return (parser or sqlparse.Parser()).fingerprint(sql)
 
 
 def timing_from(rows: Iterable[tuple[str, int, float]]) -> dict[str, Any]:
@@ -62,10 +60,11 @@ def timing_from(rows: Iterable[tuple[str, int, float]]) -> dict[str, Any]:
     its queries against. ``rows``: (normalized query, calls, ms); the text is not kept."""
     queries: dict[str, list[float]] = {}
     total_ms, calls = 0.0, 0
+    parser = sqlparse.Parser()  # the server's texts: any of its users' statements
     for text, n, ms in rows:
         total_ms += ms
         calls += n
-        fp = fingerprint(text)
+        fp = fingerprint(text, parser)
         if fp is None:
             continue
         acc = queries.setdefault(fp, [0, 0.0])
@@ -120,6 +119,7 @@ def build(
                 if len(first_sql) == len(wanted):
                     break
     top: list[dict[str, Any]] = []
+    parser = sqlparse.Parser()
     queries = (timing or {}).get("queries", {})
     total_ms = float((timing or {}).get("total_ms") or 0.0)
     for i in order:
@@ -133,7 +133,7 @@ def build(
             "mean_ms": None,
             "share_time": None,
         }
-        fp = fingerprint(first_sql[i]) if i in first_sql else None
+        fp = fingerprint(first_sql[i], parser) if i in first_sql else None
         if fp is not None and fp in queries:
             calls, ms = queries[fp]
             if calls:
