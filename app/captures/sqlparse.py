@@ -10,21 +10,22 @@ nesting ends at 10,000 levels with a ParseError (bison's stack), and
 ``fingerprint``/``normalize`` did not crash up to 400,000 terms.
 
 So a statement is parsed in this process only when it is short: at most
-``IN_PROCESS_MAX_CHARS`` characters, at most half as many levels of any nesting (two
-characters a level at least: ``1+``), a tenth of what crashed. A longer one goes to a
-long-lived worker process (``python -m app.captures.sqlparse``) with no core dumps and an
-address-space limit, one statement per request, ``WORKER_TIMEOUT_S`` each: if the
-worker dies or hangs, that statement is unparsed and the next long one starts a new
-worker. A statement over ``MAX_CHARS``, or any long one after ``MAX_WORKER_DEATHS``
-deaths within one log, is unparsed without trying. Unparsed is what the parser's own
-refusals always were: the statement gets an "unparsed statement <hash>" label, kind
-``other``, and is counted in ``unparsed_statements``.
+``IN_PROCESS_MAX_CHARS`` characters, so at most half as many levels of any nesting (two
+characters a level at least: ``1+``), a twelfth of the shortest chain that crashed. A
+longer one goes to a long-lived worker process (``python -m app.captures.sqlparse``)
+with no core dumps and an address-space limit, one statement per request,
+``WORKER_TIMEOUT_S`` each: if the worker dies or hangs, that statement is unparsed and
+the next long one starts a new worker. A statement over ``MAX_CHARS``, or any long one
+after ``MAX_WORKER_DEATHS`` deaths within one log, is unparsed without trying. Unparsed
+is what the parser's own refusals always were: the statement gets an "unparsed statement
+<hash>" label, kind ``other``, and is counted in ``unparsed_statements``.
 
-Cost, measured on the 2-core dev box (20,000 distinct statements of about 70
-characters, logparse's labelling): 225 us a statement in this process, as before; 552 us
-when every statement went to the worker (two round trips of JSON over pipes each). So
-only long statements, rare in a capture, pay the trip; a log of many equal statements
-parses each shape once either way.
+Cost, measured on the shared 2-core dev box at load 8-10 (10,000-20,000 distinct
+statements of about 70 characters, logparse's labelling, 4 runs): 212-485 us a statement
+in this process, where the unguarded calls took 195-283 us in the same runs; 417-1149 us
+when every statement went to the worker (two round trips of JSON over pipes each), about
+twice the in-process cost. So only long statements, rare in a capture, pay the trip; a
+log of many equal statements parses each shape once either way.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from typing import Any, Literal
 
 log = logging.getLogger(__name__)
 
-IN_PROCESS_MAX_CHARS = 8_000
+IN_PROCESS_MAX_CHARS = 4_000
 MAX_CHARS = 1_000_000
 WORKER_TIMEOUT_S = 10.0
 WORKER_MEMORY_BYTES = 2 << 30  # the worker's address space (RLIMIT_AS)
