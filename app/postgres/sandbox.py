@@ -7,13 +7,15 @@ initdb, pg_ctl and postgres refuse to run as root, so as root they run as the
 No connection is trusted: every one, over TCP or the unix socket, authenticates with
 scram-sha-256. Each sandbox gets two random passwords, set before it first starts: the
 superuser's (``postgres``, for the service's ALTER SYSTEM) and that of ``knobtune_bench``,
-a role that owns the benchmark database ``knobtune`` and nothing else: not superuser,
-no pg_read_server_files or pg_execute_server_program. Clients' workloads run as that
-role (``bench_dsn``), so a script cannot reach the host's files or programs. It may
-create databases (CREATEDB): a replayed capture copies the database its user restored
-before every run (app/workloads/replay.py), and that copy needs nothing more. The
-passwords live in this object and, encrypted, in the service's metadata DB; never on disk
-in the sandbox.
+the role clients' workloads run as (``bench_dsn``): not superuser, no
+pg_read_server_files or pg_execute_server_program, so a script cannot reach the host's
+files or programs; no CREATEDB, and it does not own the benchmark database ``knobtune``
+(the superuser does; the role may create tables in its schema ``public``), so it cannot
+``ALTER DATABASE knobtune SET work_mem`` over the knob being tuned. (It can still ALTER
+ROLE itself SET, as every role may: a session clears such settings of a sandbox's role
+before it starts, app/runs/session.py.) A replayed capture's per-run copy of a database
+is made by the superuser (app/workloads/replay.py). The passwords live in this object
+and, encrypted, in the service's metadata DB; never on disk in the sandbox.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import base64
 import contextlib
 import hashlib
 import hmac
+import itertools
 import json
 import logging
 import os
@@ -32,6 +35,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -43,7 +47,7 @@ from typing import TYPE_CHECKING
 
 from psycopg.conninfo import conninfo_to_dict
 
-from app.postgres import privilege
+from app.postgres import privilege, safefile
 
 # re-exported: callers have always found these in the sandbox manager
 from app.postgres.binaries import (
@@ -84,6 +88,18 @@ _META = "sandbox.json"
 SUPERUSER = "postgres"
 BENCH_ROLE = "knobtune_bench"
 BENCH_DB = "knobtune"
+# The benchmark role's privileges (sandbox.json's "bench_role"): 1 had CREATEDB and owned
+# its database; 2 (issue 40) neither. restrict_bench_role() takes a sandbox from 1 to 2.
+BENCH_ROLE_VERSION = 2
+_RESTRICT = [  # in database postgres, in single-user mode
+    f"ALTER ROLE {BENCH_ROLE} NOSUPERUSER NOCREATEDB NOCREATEROLE",
+    f"ALTER DATABASE {BENCH_DB} OWNER TO {SUPERUSER}",
+    # whatever it set over the tuned knobs while it could
+    f"ALTER DATABASE {BENCH_DB} RESET ALL",
+    f"ALTER ROLE {BENCH_ROLE} RESET ALL",
+    f"ALTER ROLE {BENCH_ROLE} IN DATABASE {BENCH_DB} RESET ALL",
+]
+_GRANT = [f"GRANT CREATE, USAGE ON SCHEMA public TO {BENCH_ROLE}"]  # in database knobtune
 # Every connection authenticates; nothing is trusted, not even the unix socket.
 _HBA = """# written by knobtune's sandbox manager: every connection needs a password
 local   all   all                 scram-sha-256
@@ -165,9 +181,11 @@ def new_password() -> str:
     return secrets.token_urlsafe(24)
 
 
-def _single_user(bindir: Path, data_dir: Path, statements: Sequence[str]) -> None:
+def _single_user(
+    bindir: Path, data_dir: Path, statements: Sequence[str], database: str = "postgres"
+) -> None:
     """Run statements in single-user mode (the server is down): before it ever listens."""
-    argv = as_postgres([str(bindir / "postgres"), "--single", "-D", str(data_dir), "postgres"])
+    argv = as_postgres([str(bindir / "postgres"), "--single", "-D", str(data_dir), database])
     res = _run(argv, timeout=120, stdin="".join(f"{st}\n" for st in statements))
     errors = [ln for ln in res.stderr.splitlines() if "ERROR" in ln or "FATAL" in ln]
     if res.returncode != 0 or errors:
@@ -176,10 +194,9 @@ def _single_user(bindir: Path, data_dir: Path, statements: Sequence[str]) -> Non
 
 
 def _write_hba(data_dir: Path) -> None:
-    path = data_dir / "pg_hba.conf"
-    path.write_text(_HBA)
-    os.chown(path, *_owner_ids())
-    os.chmod(path, 0o600)
+    # postgres owns the directory: a link planted as pg_hba.conf is replaced, not followed
+    uid, gid = _owner_ids()
+    safefile.replace_text(data_dir / "pg_hba.conf", _HBA, owner=uid, chown=(uid, gid))
 
 
 # One initdb per process and binary directory; later sandboxes copy it (~0.1 s
@@ -239,15 +256,24 @@ def _initdb(bindir: Path, data_dir: Path) -> None:
             f"initdb failed (exit {res.returncode}): {(res.stderr or res.stdout)[-2000:]}"
         )
     _write_hba(data_dir)
-    # The benchmark's role owns its database and nothing else.
+    # The benchmark's role may make tables in its database, and nothing else.
     _single_user(
         bindir,
         data_dir,
         [
-            f"CREATE ROLE {BENCH_ROLE} LOGIN NOSUPERUSER CREATEDB NOCREATEROLE",
-            f"CREATE DATABASE {BENCH_DB} OWNER {BENCH_ROLE}",
+            f"CREATE ROLE {BENCH_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE",
+            f"CREATE DATABASE {BENCH_DB}",
         ],
     )
+    _single_user(bindir, data_dir, _GRANT, database=BENCH_DB)
+
+
+def _own_dir(root: Path) -> None:
+    """``root`` becomes the service's user's, 0711: the postgres user passes through to its
+    data directory but may make, rename or replace nothing in it."""
+    with safefile.open_dir(root, owner=_owner_ids()[0]) as fd:
+        os.fchown(fd, os.geteuid(), os.getegid())
+        os.fchmod(fd, 0o711)
 
 
 def _short_tmp() -> str:
@@ -256,6 +282,72 @@ def _short_tmp() -> str:
 
 
 _SOCKET_PREFIX = "knobtune-sock-"
+_SOCKET_NAME = re.compile(re.escape(_SOCKET_PREFIX) + r"[A-Za-z0-9_]+")
+
+
+def _socket_dir_ok(path: Path, root: Path) -> bool:
+    """Whether ``path`` is a socket directory create() makes: ``<tmp>/knobtune-sock-*``
+    (mkdtemp's name) or ``<root>/sock``. The service makes, chowns and removes it as root,
+    so it is never taken from a file the postgres user can write, and never anything else."""
+    if path == root / "sock":
+        return True
+    parents = {Path(tempfile.gettempdir()), Path("/tmp")}  # noqa: S108 - _short_tmp()'s
+    return (
+        path.is_absolute()
+        and ".." not in path.parts
+        and path.parent in parents
+        and _SOCKET_NAME.fullmatch(path.name) is not None
+    )
+
+
+class _Untrusted(Exception):
+    """The sandbox's record (or its directory) is writable by the postgres OS user."""
+
+
+def _read_record(root: Path) -> dict[str, object]:
+    """The sandbox's record, from a file only the service's user may write in a directory
+    only it may write; _Untrusted otherwise, SandboxError when there is none."""
+    try:
+        st = os.lstat(root)
+    except OSError as exc:
+        raise SandboxError(f"{root} is not a knobtune sandbox: {exc}") from None
+    mine = st.st_uid == os.geteuid() and stat.S_ISDIR(st.st_mode) and not st.st_mode & 0o022
+    if not mine:
+        raise _Untrusted
+    try:
+        meta = json.loads(safefile.read_text(root / _META, limit=64 << 10))
+    except safefile.UnsafeFile:
+        raise _Untrusted from None
+    except (OSError, ValueError) as exc:
+        raise SandboxError(f"{root} is not a knobtune sandbox: {exc}") from None
+    if not isinstance(meta, dict):
+        raise SandboxError(f"{root} is not a knobtune sandbox: its {_META} is not an object")
+    return meta
+
+
+def _is_postmaster_of(pid: int, data_dir: Path) -> str | None:
+    """None when ``pid`` is a PostgreSQL server of ``data_dir`` (its program is postgres,
+    its working directory or its -D that directory), else what it is instead: a pid read
+    from postmaster.pid, which the postgres user can write, is never signalled unchecked."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        exe = os.readlink(proc / "exe").removesuffix(" (deleted)")
+    except OSError as exc:
+        return f"its program cannot be read ({exc.strerror or exc})"
+    if Path(exe).name not in ("postgres", "postmaster"):
+        return f"its program is {exe}, not postgres"
+    want = {str(data_dir), os.path.realpath(data_dir)}
+    with contextlib.suppress(OSError):
+        if os.readlink(proc / "cwd") in want:
+            return None
+    try:
+        argv = (proc / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        argv = []
+    for flag, value in itertools.pairwise(argv):
+        if flag == b"-D" and os.fsdecode(value) in want:
+            return None
+    return f"it is not the server of {data_dir}"
 
 
 def remove_socket_dir(dsn: str) -> None:
@@ -282,7 +374,8 @@ def _sandbox_settings(data_dir: Path) -> dict[str, str]:
     own = {"port", "listen_addresses", "unix_socket_directories"}
     out: dict[str, str] = {}
     with contextlib.suppress(OSError):
-        for line in (data_dir / "knobtune_sandbox.conf").read_text().splitlines():
+        text = safefile.read_text(data_dir / "knobtune_sandbox.conf", owner=_owner_ids()[0])
+        for line in text.splitlines():
             m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_.]*) = '((?:[^']|'')*)'", line.strip())
             if m and m.group(1) not in own:
                 out[m.group(1)] = m.group(2).replace("''", "'").replace("\\\\", "\\")
@@ -308,10 +401,13 @@ def drop_cgroup(root: Path) -> None:
 class Sandbox:
     """A local cluster in its own directory: ``data/``, ``server.log``, ``sandbox.json``.
 
-    The root is private to the cluster's OS user (0700). The socket directory is a short
-    directory under /tmp that anyone may reach (pgbench runs as an unprivileged user);
-    the socket is guarded by scram-sha-256 like TCP. ``password``/``bench_password`` are
-    known to the process that created the sandbox (None after :meth:`open`).
+    The root and ``sandbox.json`` (port, socket directory, binaries, limits: what the
+    service acts on as root) belong to the service's user (0711 and 0600); ``data/``
+    (0700) and ``server.log`` (0600) to the cluster's OS user, who may write nothing else
+    there. The socket directory is a short directory under /tmp that anyone may reach
+    (pgbench runs as an unprivileged user); the socket is guarded by scram-sha-256 like
+    TCP. ``password``/``bench_password`` are known to the process that created the
+    sandbox (None after :meth:`open`).
     """
 
     def __init__(
@@ -325,8 +421,10 @@ class Sandbox:
         password: str | None = None,
         bench_password: str | None = None,
         limits: Limits | None = None,
+        bench_role: int = BENCH_ROLE_VERSION,
     ) -> None:
         self.root = root
+        self.bench_role = bench_role  # BENCH_ROLE_VERSION of its benchmark role
         # A hardware profile (app/postgres/cgroups.py): the server runs in its own cgroup.
         self.limits = limits if limits is not None and not limits.empty else None
         self.password = password
@@ -335,6 +433,11 @@ class Sandbox:
         self.bindir = bindir
         self.data_dir = root / "data"
         self.socket_dir = socket_dir or root / "sock"
+        if not _socket_dir_ok(self.socket_dir, root):
+            raise SandboxError(
+                f"{self.socket_dir} is not a socket directory knobtune makes "
+                f"({Path(_short_tmp()) / _SOCKET_PREFIX}* or {root / 'sock'}); not using it"
+            )
         self.log_path = root / "server.log"
         self._owns_root = owns_root
         self._destroyed = False
@@ -368,8 +471,7 @@ class Sandbox:
             root.mkdir(parents=True, exist_ok=True)
             if (root / "data").exists():
                 raise SandboxError(f"{root / 'data'} already exists; give an empty root")
-        os.chown(root, uid, gid)
-        os.chmod(root, 0o700)
+        _own_dir(root)
         socket_dir = Path(tempfile.mkdtemp(prefix=_SOCKET_PREFIX, dir=_short_tmp()))
         os.chown(socket_dir, uid, gid)
         # reachable by pgbench's unprivileged user; the socket itself needs a password
@@ -388,7 +490,10 @@ class Sandbox:
             sb._check_access()
             sb.ensure_cgroup()  # before anything is copied: a host without cgroups fails fast
             tpl = _template_for(bindir)
-            res = _run(as_postgres(["cp", "-a", str(tpl), str(sb.data_dir)]))
+            # the root stays ours: postgres gets its data directory and its log file only
+            sb.data_dir.mkdir(mode=0o700)
+            os.chown(sb.data_dir, uid, gid)
+            res = _run(as_postgres(["cp", "-a", f"{tpl}/.", f"{sb.data_dir}/"]))
             if res.returncode != 0:
                 raise SandboxError(f"copying the initdb template failed: {res.stderr.strip()}")
             # Before the sandbox's own settings: single-user mode must not trip on them
@@ -412,19 +517,39 @@ class Sandbox:
         return sb
 
     @classmethod
-    def open(cls, root: Path) -> Sandbox:
-        """Reattach to a sandbox made by create() (e.g. after the service restarted)."""
+    def open(cls, root: Path, *, dsn: str | None = None) -> Sandbox:
+        """Reattach to a sandbox made by create() (e.g. after the service restarted).
+
+        What the service acts on as root (the socket directory it makes and removes, the
+        port, the binaries) comes from ``sandbox.json`` only when that file and the root
+        are the service's user's alone. Earlier versions gave both to the postgres OS
+        user: such a sandbox is reopened only with ``dsn``, the service's own stored DSN
+        of it (the metadata DB), whose socket directory and port are used; the root and
+        the record are then taken back (:meth:`_take_back`). Without it, SandboxError.
+        """
+        root = root.absolute()
         try:
-            meta = json.loads((root / _META).read_text())
-            port = int(meta["port"])
-            socket_dir = Path(meta["socket_dir"])
+            meta = _read_record(root)
+        except _Untrusted:
+            if dsn is None:
+                raise SandboxError(
+                    f"{root} is writable by the postgres OS user (made by an earlier "
+                    "knobtune): its sandbox.json is not trusted; start the service, which "
+                    "takes it back using the target's stored DSN"
+                ) from None
+            return cls._reopen_legacy(root, dsn)
+        try:
+            port = int(str(meta["port"]))
+            socket_dir = Path(str(meta["socket_dir"]))
             owns_root = bool(meta["owns_root"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise SandboxError(f"{root} is not a knobtune sandbox: {exc}") from None
-        bindir = Path(meta.get("bindir") or "")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SandboxError(f"{root} is not a knobtune sandbox: {exc!r}") from None
+        bindir = Path(str(meta.get("bindir") or ""))
         if not _has_server_binaries(bindir):
             bindir = find_bindir()  # PostgreSQL was upgraded or moved since
-        limits = Limits.from_json(meta.get("limits"))
+        raw_limits = meta.get("limits")
+        limits = Limits.from_json(raw_limits if isinstance(raw_limits, dict) else None)
+        version = meta.get("bench_role")
         return cls(
             root,
             port=port,
@@ -432,7 +557,48 @@ class Sandbox:
             owns_root=owns_root,
             socket_dir=socket_dir,
             limits=limits,
+            bench_role=version if isinstance(version, int) else 1,
         )
+
+    @classmethod
+    def _reopen_legacy(cls, root: Path, dsn: str) -> Sandbox:
+        """A sandbox whose root the postgres user owned: its facts from the service's DSN."""
+        try:
+            params = conninfo_to_dict(dsn)
+            socket_dir, port = Path(str(params["host"])), int(str(params["port"]))
+        except Exception:
+            raise SandboxError(
+                f"{root}: the stored DSN names no socket directory and port"
+            ) from None
+        # the service made its root (create(root) of a new directory); limits come from
+        # the metadata DB (start_sandboxes), binaries from this host
+        sb = cls(
+            root,
+            port=port,
+            bindir=find_bindir(),
+            owns_root=True,
+            socket_dir=socket_dir,
+            bench_role=1,
+        )
+        sb._take_back()
+        return sb
+
+    def _take_back(self) -> None:
+        """Make an earlier version's sandbox directory the service's user's again (0711):
+        postgres keeps ``data/`` and ``server.log``, and the record is written anew."""
+        uid = _owner_ids()[0]
+        with safefile.open_dir(self.root, owner=uid) as fd:
+            os.fchown(fd, os.geteuid(), os.getegid())
+            os.fchmod(fd, 0o711)
+        st = os.lstat(self.data_dir)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+            raise SandboxError(
+                f"{self.data_dir} is not a directory of the postgres OS user (a link?); "
+                "not using this sandbox"
+            )
+        self._ensure_log()
+        self._write_record()
+        log.info("sandbox %s: its directory and record belong to the service now", self.root)
 
     def _set_passwords(self) -> None:
         """Both roles' passwords, in single-user mode: set before the server first listens."""
@@ -461,7 +627,7 @@ class Sandbox:
         Sandboxes made before this version trusted every local connection.
         """
         try:
-            hba = (self.data_dir / "pg_hba.conf").read_text()
+            hba = safefile.read_text(self.data_dir / "pg_hba.conf", owner=_owner_ids()[0])
         except OSError:
             return False
         return hba == _HBA
@@ -477,9 +643,9 @@ class Sandbox:
         self.password, self.bench_password = new_password(), new_password()
         statements = [
             f"ALTER ROLE {SUPERUSER} PASSWORD '{scram_verifier(self.password)}'",
-            f"CREATE ROLE {BENCH_ROLE} LOGIN NOSUPERUSER CREATEDB NOCREATEROLE "
+            f"CREATE ROLE {BENCH_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
             f"PASSWORD '{scram_verifier(self.bench_password)}'",
-            f"CREATE DATABASE {BENCH_DB} OWNER {BENCH_ROLE}",
+            f"CREATE DATABASE {BENCH_DB}",
         ]
         try:
             existing = self._single_user_query(
@@ -493,8 +659,25 @@ class Sandbox:
             )
             if self._single_user_query(f"SELECT 1 FROM pg_database WHERE datname = '{BENCH_DB}'"):
                 statements.pop(2)
-        _single_user(self.bindir, self.data_dir, statements)
+        _single_user(self.bindir, self.data_dir, [*statements, *_RESTRICT])
+        _single_user(self.bindir, self.data_dir, _GRANT, database=BENCH_DB)
         _write_hba(self.data_dir)
+        self.bench_role = BENCH_ROLE_VERSION
+        self._write_record()
+        if was_running:
+            self.start()
+
+    def restrict_bench_role(self) -> None:
+        """Take CREATEDB and its database from the benchmark role of a sandbox made before
+        issue 40 (and drop the settings it made per role or database); the server is
+        stopped for it and started again."""
+        was_running = self.is_running()
+        self.stop()
+        _single_user(self.bindir, self.data_dir, _RESTRICT)
+        _single_user(self.bindir, self.data_dir, _GRANT, database=BENCH_DB)
+        self.bench_role = BENCH_ROLE_VERSION
+        self._write_record()
+        log.info("sandbox %s: its benchmark role has no CREATEDB nor database now", self.root)
         if was_running:
             self.start()
 
@@ -511,7 +694,7 @@ class Sandbox:
     def _check_access(self) -> None:
         if os.geteuid() != 0:
             return
-        res = _run(as_postgres(["test", "-w", str(self.root), "-a", "-x", str(self.root)]))
+        res = _run(as_postgres(["test", "-x", str(self.root)]))
         if res.returncode != 0:
             raise SandboxError(
                 f"the postgres OS user cannot use {self.root}: it or a directory above it "
@@ -531,23 +714,31 @@ class Sandbox:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", name):
                 raise SandboxError(f"invalid setting name {name!r}")
             lines.append(f"{name} = {_quote_conf(str(value))}")
-        path = self.data_dir / "knobtune_sandbox.conf"
-        path.write_text("\n".join(lines) + "\n")
         uid, gid = _owner_ids()
-        os.chown(path, uid, gid)
+        path = self.data_dir / "knobtune_sandbox.conf"
+        safefile.replace_text(path, "\n".join(lines) + "\n", owner=uid, chown=(uid, gid))
+        self._write_record()
+        main = self.data_dir / "postgresql.conf"
+        include = "include = 'knobtune_sandbox.conf'\n"
+        text = safefile.read_text(main, owner=uid, limit=16 << 20, whole=True)
+        if include not in text:
+            safefile.rewrite_in_place(main, text + include, owner=uid)
+
+    def _write_record(self) -> None:
+        """sandbox.json: the service's user's alone (0600 in its 0711 root), see :meth:`open`."""
         meta = {
             "port": self.port,
             "socket_dir": str(self.socket_dir),
             "owns_root": self._owns_root,
             "bindir": str(self.bindir),
             "limits": self.limits.to_json() if self.limits else None,
+            "bench_role": self.bench_role,
         }
-        (self.root / _META).write_text(json.dumps(meta, indent=2) + "\n")
-        main = self.data_dir / "postgresql.conf"
-        include = "include = 'knobtune_sandbox.conf'\n"
-        if include not in main.read_text():
-            with main.open("a") as f:
-                f.write(include)
+        safefile.replace_text(self.root / _META, json.dumps(meta, indent=2) + "\n")
+
+    def _ensure_log(self) -> None:
+        """server.log, the postgres user's file in our root (pg_ctl -l appends to it)."""
+        safefile.create_file(self.log_path, chown=_owner_ids())
 
     # -- connection facts -------------------------------------------------------
     def _conninfo(self, host: str, user: str, password: str | None, dbname: str) -> str:
@@ -604,16 +795,16 @@ class Sandbox:
 
     def postmaster_pids(self) -> set[int]:
         """The postmaster and its children (backends, background processes)."""
-        pm = self._postmaster_pid()
-        if pm is None or not self.is_running():
+        pm = self._checked_postmaster()
+        if pm is None:
             return set()
         out = {pm}
-        for stat in Path("/proc").glob("[0-9]*/stat"):
+        for proc_stat in Path("/proc").glob("[0-9]*/stat"):
             with contextlib.suppress(OSError, ValueError, IndexError):
                 # pid (comm) state ppid ...: comm may hold spaces, so split after ')'
-                fields = stat.read_text().rsplit(")", 1)[1].split()
+                fields = proc_stat.read_text().rsplit(")", 1)[1].split()
                 if int(fields[1]) == pm:
-                    out.add(int(stat.parent.name))
+                    out.add(int(proc_stat.parent.name))
         return out
 
     def outside(
@@ -694,15 +885,8 @@ class Sandbox:
             # removed through another handle: making its socket directory again would
             # leave an empty one behind in /tmp
             raise SandboxError(f"{self.data_dir} is gone: the sandbox was removed; make a new one")
-        if not self.socket_dir.exists():
-            # A socket directory under /tmp does not survive a reboot of the host.
-            self.socket_dir.mkdir(parents=True, mode=0o755)
-            os.chown(self.socket_dir, *_owner_ids())
-        elif self.socket_dir.stat().st_uid not in (os.geteuid(), _owner_ids()[0]):
-            raise SandboxError(
-                f"{self.socket_dir} belongs to another user (made by someone else while the "
-                "sandbox was down?); remove it and start again"
-            )
+        self._socket_dir()
+        self._ensure_log()
         argv = self._pg_ctl(
             "start", "-w", "-s", "-t", str(_PG_CTL_TIMEOUT_S), "-l", str(self.log_path)
         )
@@ -713,6 +897,27 @@ class Sandbox:
         res = _run(argv, timeout=_PG_CTL_TIMEOUT_S + 10)
         if res.returncode != 0:
             raise SandboxError(self._failure("start", res))
+
+    def _socket_dir(self) -> None:
+        """The socket directory, made again when gone (a reboot empties /tmp). Never
+        through a link: the postgres user may replace its own directory in /tmp."""
+        try:
+            st = os.lstat(self.socket_dir)
+        except FileNotFoundError:
+            self.socket_dir.mkdir(mode=0o755)  # fails on a link planted meanwhile
+            with safefile.open_dir(self.socket_dir) as fd:  # ours, not a link
+                os.fchown(fd, *_owner_ids())
+                os.fchmod(fd, 0o755)  # pgbench's user reaches the socket
+            return
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            raise SandboxError(
+                f"{self.socket_dir} is not a directory (a link?); remove it and start again"
+            )
+        if st.st_uid not in (os.geteuid(), _owner_ids()[0]):
+            raise SandboxError(
+                f"{self.socket_dir} belongs to another user (made by someone else while the "
+                "sandbox was down?); remove it and start again"
+            )
 
     def stop(self) -> None:
         if not self.is_running():
@@ -745,9 +950,18 @@ class Sandbox:
                     break
             pid = self._postmaster_pid()
             if pid is not None and self.is_running():
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-                time.sleep(0.2)
+                not_ours = _is_postmaster_of(pid, self.data_dir)
+                if not_ours is None:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                    time.sleep(0.2)
+                else:
+                    log.warning(
+                        "sandbox %s: not killing pid %d from postmaster.pid: %s",
+                        self.root,
+                        pid,
+                        not_ours,
+                    )
         self._remove_cgroup()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
         if self._owns_root:
@@ -764,11 +978,26 @@ class Sandbox:
         drop_cgroup(self.root)
 
     def _postmaster_pid(self) -> int | None:
+        """The pid postmaster.pid names: the postgres user's word (see _checked_postmaster)."""
         try:
-            first = (self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0]
-            return int(first)
+            text = safefile.read_text(
+                self.data_dir / "postmaster.pid", owner=_owner_ids()[0], limit=4096
+            )
+            return int(text.split("\n", 1)[0])
         except (OSError, ValueError):
             return None
+
+    def _checked_postmaster(self) -> int | None:
+        """The postmaster's pid, when it really is this sandbox's server (see
+        :func:`_is_postmaster_of`); None (and a log line) otherwise."""
+        pid = self._postmaster_pid()
+        if pid is None or not self.is_running():
+            return None
+        not_ours = _is_postmaster_of(pid, self.data_dir)
+        if not_ours is not None:
+            log.warning("sandbox %s: pid %d of postmaster.pid: %s", self.root, pid, not_ours)
+            return None
+        return pid
 
     def is_running(self) -> bool:
         pid = self._postmaster_pid()
@@ -783,11 +1012,13 @@ class Sandbox:
         return True
 
     def log_tail(self, lines: int = 20) -> str:
+        """The last lines of server.log (of its last 64 KiB), never through a link."""
         try:
-            text = self.log_path.read_text(errors="replace")
+            return safefile.tail_lines(self.log_path, lines, owner=_owner_ids()[0])
+        except safefile.UnsafeFile as exc:
+            return f"(server log not read: {exc.strerror})"
         except OSError:
             return ""
-        return "\n".join(text.splitlines()[-lines:])
 
     def _failure(self, what: str, res: subprocess.CompletedProcess[str]) -> str:
         out = (res.stderr or res.stdout).strip()

@@ -28,7 +28,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
-from app.postgres import cgroups
+from app.postgres import cgroups, safefile
 from app.postgres.dsn import is_local, mask_dsn, password_of, scrub
 from app.postgres.errors import primary_message
 from app.postgres.privilege import PrivilegeError as PrivilegeError_
@@ -499,7 +499,8 @@ class TargetController:
         data_dir = self._data_dir
         if data_dir is not None:
             try:
-                pid = int((data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+                lock = _read(data_dir / "postmaster.pid", data_dir, limit=4096)
+                pid = int(lock.split("\n", 1)[0])
                 comm = (proc / str(pid) / "comm").read_text().strip()
             except (OSError, ValueError):
                 return None
@@ -549,8 +550,13 @@ class TargetController:
         if candidate is not None and (candidate / "PG_VERSION").is_file():
             try:
                 sysid = int(_one(conn, "SELECT system_identifier FROM pg_control_system()"))
-                with (candidate / "global" / "pg_control").open("rb") as f:
-                    on_disk = struct.unpack("=Q", f.read(8))[0]
+                control = safefile.read_bytes(
+                    candidate / "global" / "pg_control",
+                    owner=safefile.dir_owner(candidate),
+                    limit=8,
+                    head=True,
+                )
+                on_disk = struct.unpack("=Q", control)[0]
                 ok = on_disk == sysid
             except (psycopg.Error, OSError, struct.error):
                 # Cannot check: trust a directory the operator configured, not a guess
@@ -588,7 +594,7 @@ class TargetController:
                 "pg_show_all_file_settings() to this user), and the data directory is not local"
             )
         try:
-            return parse_conf(path.read_text())
+            return parse_conf(_read(path, path.parent, whole=True))
         except OSError as exc:
             raise PrivilegeError(f"cannot read {path}: {exc}") from None
 
@@ -661,16 +667,17 @@ class TargetController:
 
     def _write_auto_conf(self, path: Path, before: Mapping[str, str], names: Sequence[str]) -> None:
         """Restore entries by editing postgresql.auto.conf (the server is down or refused)."""
-        current = parse_conf(path.read_text())
+        current = parse_conf(_read(path, path.parent, whole=True))
         for name in names:
             if name in before:
                 current[name] = before[name]
             else:
                 current.pop(name, None)
-        # Rewrite in place: keeps the file's owner and mode (we may be root).
-        with path.open("r+") as f:
-            f.write(render_auto_conf(current))
-            f.truncate()
+        # Rewrite in place: keeps the file's owner and mode (we may be root); never
+        # through a link the data directory's owner planted (app/postgres/safefile.py).
+        safefile.rewrite_in_place(
+            path, render_auto_conf(current), owner=safefile.dir_owner(path.parent)
+        )
 
     def _run_restart(self) -> None:
         """Run the restart method, then wait for connections; raises _RestartFailed."""
@@ -691,7 +698,11 @@ class TargetController:
         if self.log_path is None:
             return ""
         try:
-            tail = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+            # its last 64 KiB at most, never through a link (app/postgres/safefile.py)
+            owner = safefile.dir_owner(self._data_dir or self.log_path.parent)
+            tail = safefile.tail_lines(self.log_path, lines, owner=owner).splitlines()
+        except safefile.UnsafeFile as exc:
+            return f"\nserver log not read: {exc.strerror}"
         except OSError:
             return ""
         return "\nserver log:\n" + "\n".join(tail) if tail else ""
@@ -709,7 +720,9 @@ class TargetController:
     def _postgres_check(self, data_dir: Path) -> str | None:
         """``postgres -C`` reads every config file as a start would; exits non-zero on errors."""
         try:
-            major = (data_dir / "PG_VERSION").read_text().strip()
+            major = _read(data_dir / "PG_VERSION", data_dir, limit=64).strip()
+            if not major.isdigit():  # the postgres user's file: never a path of ours
+                return None
             binary = Path(f"/usr/lib/postgresql/{major}/bin/postgres")
             if not binary.exists():
                 # Another major version would reject the data directory itself.
@@ -717,7 +730,7 @@ class TargetController:
                 if str(server_version(bindir)) != major:
                     return None
                 binary = bindir / "postgres"
-            owner = data_dir.stat().st_uid
+            owner = safefile.dir_owner(data_dir)
         except (OSError, ValueError, subprocess.SubprocessError, PostgresNotInstalled):
             return None
         argv = [str(binary), "-C", "data_directory", "-D", str(data_dir)]
@@ -1002,9 +1015,12 @@ class TargetController:
             steps: list[str] = []
             if path is not None and path.is_file():
                 try:
-                    with path.open("r+") as f:  # in place: keeps owner and mode
-                        f.write(render_auto_conf(snapshot.auto_conf))
-                        f.truncate()
+                    # in place: keeps owner and mode; never through a link
+                    safefile.rewrite_in_place(
+                        path,
+                        render_auto_conf(snapshot.auto_conf),
+                        owner=safefile.dir_owner(path.parent),
+                    )
                     steps.append(f"the snapshot's entries were written to {path}")
                 except OSError as exc:
                     steps.append(f"could not write {path}: {exc}")
@@ -1167,7 +1183,7 @@ def clear_dead_postmaster(data_dir: Path, wait_s: float = 10.0) -> str | None:
     """
     lock = data_dir / "postmaster.pid"
     try:
-        lines = lock.read_text().split("\n")
+        lines = _read(lock, data_dir, limit=4096).split("\n")
         pid = int(lines[0])
     except (OSError, ValueError, IndexError):
         return None
@@ -1187,12 +1203,19 @@ def clear_dead_postmaster(data_dir: Path, wait_s: float = 10.0) -> str | None:
     try:
         for sock in sockets:
             with contextlib.suppress(OSError):
-                if sock.read_text().split("\n", 1)[0].strip() == str(pid):
+                # a path the lock file names: only a file of the data directory's owner
+                if _read(sock, data_dir, limit=4096).split("\n", 1)[0].strip() == str(pid):
                     sock.unlink()
         lock.unlink()
     except OSError:
         return None
     return f"the dead postmaster's lock files (PID {pid}, a zombie) were removed"
+
+
+def _read(path: Path, data_dir: Path, *, limit: int = 16 << 20, whole: bool = False) -> str:
+    """A file of a data directory (or one it names), read as app/postgres/safefile.py
+    does: not through a link, only a file of the data directory's owner (or ours)."""
+    return safefile.read_text(path, owner=safefile.dir_owner(data_dir), limit=limit, whole=whole)
 
 
 def _one(conn: Conn, query: LiteralString) -> Any:

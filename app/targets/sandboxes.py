@@ -13,7 +13,13 @@ from app.errors import ServiceError
 from app.models import Target
 from app.postgres.cgroups import Limits
 from app.postgres.restart import SANDBOX_METHOD
-from app.postgres.sandbox import Sandbox, SandboxError, free_port, remove_socket_dir
+from app.postgres.sandbox import (
+    BENCH_ROLE_VERSION,
+    Sandbox,
+    SandboxError,
+    free_port,
+    remove_socket_dir,
+)
 from app.settings import Settings
 from app.targets.holds import holders
 from app.targets.location import owned_by_this_service
@@ -33,7 +39,9 @@ def start_sandboxes(db: Database) -> None:
             continue
         root = Path(t.sandbox_dir)
         try:
-            sb = Sandbox.open(root)
+            # An earlier version's sandbox (its record writable by the postgres user) is
+            # taken back using the DSN stored here, never what its directory says.
+            sb = Sandbox.open(root, dsn=t.dsn)
             # The profile stored with the target: its cgroup is made again (gone after a
             # reboot), and a server still running outside it is moved in.
             limits = Limits.from_json(t.sandbox_limits)
@@ -51,6 +59,10 @@ def start_sandboxes(db: Database) -> None:
                         row.dsn, row.bench_dsn = sb.dsn, sb.bench_dsn
                         row.restart_method, row.restart_command = SANDBOX_METHOD, None
                         t.dsn, t.bench_dsn = sb.dsn, sb.bench_dsn
+            if sb.bench_role < BENCH_ROLE_VERSION:
+                # Made before issue 40: its benchmark role could CREATE DATABASE and
+                # ALTER DATABASE knobtune SET the knobs being tuned.
+                sb.restrict_bench_role()
             try:
                 sb.start()
             except SandboxError:

@@ -28,11 +28,14 @@ ANALYZE runs on it, or autovacuum gets to it, copies plan without them, so
 statistics.
 
 Privileges. The workload's role makes the copy, so it needs CREATEDB and must own the
-replay database (or be superuser): :meth:`Replay.prepare` says exactly what to grant. A
-sandbox's benchmark role has CREATEDB (app/postgres/sandbox.py) and owns what it
-restores, so a replay on a sandbox needs nothing more; the least privilege that works,
-rather than giving the workload the superuser's DSN for its resets. Statements run as
-the workload's role, not as the captured users (whose passwords knobtune never has).
+replay database (or be superuser): :meth:`Replay.prepare` says exactly what to grant;
+the least privilege that works, rather than giving the workload the superuser's DSN for
+its resets. A sandbox's benchmark role has no CREATEDB (issue 40: it could make
+databases and override tuned knobs in them), so on knobtune's own sandbox the session
+gives ``admin_dsn``, the sandbox's superuser, which makes the copy (knobtune's fixed
+statements only), owned by the workload's role; the replay database must still be that
+role's. Statements run as the workload's role, not as the captured users (whose
+passwords knobtune never has).
 
 What a copy costs: FILE_COPY checkpoints and copies the files (seconds for a few hundred
 MB on this host); the copy is a new database, so its pages are not in shared_buffers at
@@ -104,6 +107,8 @@ class Replay:
         self._replay_database = replay_database
         self._capture_database = capture_database
         self.isolation = isolation
+        # knobtune's own sandbox: its superuser makes the copies (module docstring)
+        self.admin_dsn: str | None = None
         self._parsed: ParsedLog | None = None
         self._stream: Stream | None = None
 
@@ -204,8 +209,10 @@ class Replay:
         say what will be replayed. Raises WorkloadError saying what to grant or restore."""
         stream = self.streams()[0]
         db = self.database
-        with _admin(dsn, avoid=(db,)) as conn:
+        with _admin(self.admin_dsn or dsn, avoid=(db,)) as conn:
             role, superuser, createdb = _role(conn)
+            if self.admin_dsn is not None:  # the superuser copies, for the workload's role
+                role, superuser, createdb = _workload_role(dsn), False, True
             row = conn.execute(
                 "SELECT pg_get_userbyid(datdba), datistemplate FROM pg_database WHERE datname = %s",
                 [db],
@@ -271,11 +278,12 @@ class Replay:
         """A fresh copy of the replay database as knobtune_replay (see the module
         docstring); the user's database is only read. Raises WorkloadError."""
         db = self.database
+        owner = _workload_role(dsn) if self.admin_dsn is not None else None
         try:
-            with _admin(dsn, avoid=(db,)) as conn:
+            with _admin(self.admin_dsn or dsn, avoid=(db,)) as conn:
                 _ours_or_absent(conn)
                 _drop_copy(conn)
-                _copy(conn, db)
+                _copy(conn, db, owner)
         except psycopg.Error as exc:
             raise WorkloadError(
                 f"making {REPLAY_DATABASE} (a copy of {db}) failed: "
@@ -391,10 +399,18 @@ def _drop_copy(conn: psycopg.Connection[Any]) -> None:
     conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(name))
 
 
-def _copy(conn: psycopg.Connection[Any], db: str) -> None:
+def _workload_role(dsn: str) -> str:
+    user = conninfo_to_dict(dsn).get("user")
+    if not user:
+        raise WorkloadError("the workload's DSN names no user: give user=...")
+    return str(user)
+
+
+def _copy(conn: psycopg.Connection[Any], db: str, owner: str | None = None) -> None:
     strategy = sql.SQL(" STRATEGY FILE_COPY") if conn.info.server_version >= 150000 else sql.SQL("")
-    create = sql.SQL("CREATE DATABASE {} TEMPLATE {}{}").format(
-        sql.Identifier(REPLAY_DATABASE), sql.Identifier(db), strategy
+    owned = sql.SQL(" OWNER {}").format(sql.Identifier(owner)) if owner else sql.SQL("")
+    create = sql.SQL("CREATE DATABASE {} TEMPLATE {}{}{}").format(
+        sql.Identifier(REPLAY_DATABASE), sql.Identifier(db), owned, strategy
     )
     try:
         # PostgreSQL itself waits up to 5 s for the template's other sessions to go

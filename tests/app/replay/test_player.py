@@ -32,15 +32,16 @@ SECRET = "s3cr3t-literal-7f1e"  # a value of the user's: never on disk, never in
 
 @pytest.fixture(scope="module")
 def dsn(sandbox: Sandbox) -> Iterator[str]:
-    """The bench role's DSN on a database of its own (it may create databases)."""
-    with psycopg.connect(sandbox.bench_dsn, autocommit=True) as conn:
+    """The bench role's DSN on a database of its own (made for it by the superuser: the
+    role may not create databases)."""
+    with psycopg.connect(sandbox.dsn, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {DB}")
-        conn.execute(f"CREATE DATABASE {DB}")
+        conn.execute(f"CREATE DATABASE {DB} OWNER knobtune_bench")
     out = sandbox.bench_dsn.replace("dbname=knobtune", f"dbname={DB}")
     with psycopg.connect(out, autocommit=True) as conn:
         conn.execute("CREATE TABLE seen (id serial PRIMARY KEY, who text, n int, v text)")
     yield out
-    with psycopg.connect(sandbox.bench_dsn, autocommit=True) as conn:
+    with psycopg.connect(sandbox.dsn, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
 
 

@@ -33,8 +33,12 @@ SORT_LABEL = "SELECT n FROM sortme ORDER BY pad OFFSET $1"
 @pytest.fixture(scope="module")
 def sb() -> Iterator[Sandbox]:
     """A sandbox of this module's own (its config changes), with the user's database
-    restored as the benchmark role (which may create databases, and owns what it makes)."""
+    restored as the benchmark role. Its role is given CREATEDB here, as an operator gives
+    a DSN target's workload role (a sandbox's has none: its superuser copies, see
+    test_bench_role.py); it owns what it makes."""
     with Sandbox.create() as sandbox:
+        with psycopg.connect(sandbox.dsn, autocommit=True) as conn:
+            conn.execute("ALTER ROLE knobtune_bench CREATEDB")
         with psycopg.connect(sandbox.bench_dsn, autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {DB}")
         with psycopg.connect(_db(sandbox.bench_dsn, DB), autocommit=True) as conn:
