@@ -15,8 +15,15 @@ the node ids pytest-xdist 3.8 renames for it.)
 
 from __future__ import annotations
 
+import ast
+import inspect
+import re
+import sys
+import textwrap
 from collections.abc import Callable, Iterator
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -55,8 +62,99 @@ _SLOW_FIRST = (
 )
 
 
+# The fast lane is `pytest -m "not slow"` (README, docs/contributing.md): the optimizer, the
+# schemas, the services on the fake RunEnv, the API through TestClient. A test is `slow`
+# without being marked by hand when it, or any fixture it depends on (pytest's closure of
+# its fixtures), starts a real PostgreSQL server, pgbench, a browser, a script or the
+# service as a process: it uses one of these fixtures, or its code, a fixture's or that of
+# a test helper either calls (tests/ only, followed by name), says one of these.
+_SLOW_FIXTURES = frozenset({"sandbox", "sandbox_factory", "fresh_sandbox", "staging", "user_dir"})
+_STARTS_A_PROCESS = re.compile(
+    r"\b(Sandbox\.(create|open)|Sandbox\(|logging_sandbox|ServiceProcess|subprocess|Popen"
+    r"|run_bench|make_sandbox|sys\.executable|needs_cgroups|sync_playwright"
+    r"|start_sandboxes|find_pgbench)\b|\.venv/bin|['\"]sandbox['\"]: |sandbox=True"
+)
+# the code followed: the tests' own and the bench scripts' (tests/e2e/test_faults.py runs
+# bench/faults.py's scenarios); the app's is not (a test of it starts what it starts)
+_FOLLOWED = (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1] / "bench")
+
+
+def _code(func: Callable[..., Any]) -> tuple[str, set[str]] | None:
+    """A function or class of tests/ or bench/ as code (its decorators kept, docstrings and comments
+    dropped, so that prose says nothing) and the names it calls; None: not one of those."""
+    try:
+        where = Path(inspect.getfile(func)).resolve()
+        if not any(where.is_relative_to(d) for d in _FOLLOWED):
+            return None
+        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            body[:1] = [ast.Pass()]
+    calls = {
+        n.func.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
+    return ast.unparse(tree), calls
+
+
+@cache
+def _starts_a_process(func: Callable[..., Any]) -> bool:
+    """Does this test's, fixture's or helper's code start a server or a process, or does a
+    function or class of tests/ or bench/ it calls by name? (Through its module's names,
+    cycles cut.)"""
+    seen: set[Callable[..., Any]] = set()
+
+    def check(f: Callable[..., Any]) -> bool:
+        f = inspect.unwrap(f)  # a @contextmanager's, say: its own code and module
+        if f in seen:
+            return False
+        seen.add(f)
+        code = _code(f)
+        if code is None:
+            return False
+        text, calls = code
+        if _STARTS_A_PROCESS.search(text):
+            return True
+        module = sys.modules.get(getattr(f, "__module__", ""), None)
+        names = getattr(f, "__globals__", None) or vars(module or sys)
+        return any(
+            (inspect.isfunction(names.get(n)) or inspect.isclass(names.get(n))) and check(names[n])
+            for n in calls
+        )
+
+    return check(func)
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    if item.get_closest_marker("slow") is not None:
+        return True
+    if not isinstance(item, pytest.Function):
+        return False
+    if _SLOW_FIXTURES & set(item.fixturenames):
+        return True
+    funcs = [item.function]
+    for name in item.fixturenames:
+        if name != "_fast_lane_starts_no_server":  # every test's; it only watches
+            funcs += [d.func for d in item._fixtureinfo.name2fixturedefs.get(name, ())]
+    return any(_starts_a_process(f) for f in funcs)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Slow modules first (``--dist loadfile`` hands out whole modules in this order)."""
+    """Every test that starts a real server or process is `slow` (the fast lane is the
+    rest); slow modules first (``--dist loadfile`` hands out whole modules in this order)."""
+    for item in items:
+        if _is_slow(item) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
     rank = {m: i for i, m in enumerate(_SLOW_FIRST)}
     items.sort(key=lambda it: rank.get(it.nodeid.split("::")[0], len(rank)))  # stable
 
@@ -65,6 +163,33 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """Leave no initdb template behind: a process the tests killed (SIGKILL) cannot remove
     its own (46 MB), and the next service start that would is not part of the suite."""
     remove_orphan_templates()
+
+
+@pytest.fixture(autouse=True)
+def _fast_lane_starts_no_server(request: pytest.FixtureRequest) -> Iterator[None]:
+    """In the fast lane (a -m expression that names `slow`), a test classified fast that
+    creates a sandbox in the test process errors at its teardown, saying how to classify
+    it (the sandbox is made: failing inside the app would break its TestClient)."""
+    markexpr = request.config.option.markexpr or ""
+    if "slow" not in markexpr or request.node.get_closest_marker("slow") is not None:
+        yield
+        return
+    made: list[str] = []
+    create = Sandbox.create.__func__  # type: ignore[attr-defined]
+
+    def record(cls: type[Sandbox], *args: Any, **kwargs: Any) -> Sandbox:
+        made.append("sandbox")
+        sb: Sandbox = create(cls, *args, **kwargs)
+        return sb
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Sandbox, "create", classmethod(record))
+        yield
+    if made:
+        pytest.fail(
+            f"{request.node.nodeid} started {len(made)} PostgreSQL sandbox(es) but is not "
+            "marked slow: use a sandbox fixture or add @pytest.mark.slow (tests/conftest.py)"
+        )
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     # README.md
     "demo": f"{_FRESH}::test_setup_and_demo_from_a_fresh_copy",
     "tests": f"{_SITE}::test_ci_runs_the_test_command_readme_shows",
+    "tests-fast": f"{_SITE}::test_the_fast_lane_collects_no_slow_test",
     "activate": f"{_FRESH}::test_setup_and_demo_from_a_fresh_copy",
     "step-register": f"{_STEPS}::test_five_steps_on_a_server_of_ones_own",
     "step-run": f"{_STEPS}::test_five_steps_on_a_server_of_ones_own",
@@ -50,6 +51,7 @@ COMMANDS: dict[str, str] = {
     # docs/configuration.md, docs/contributing.md
     "compose-up": f"{_SITE}::test_compose_command_names_a_valid_compose_file",
     "docs-build": f"{_SITE}::test_manual_builds_in_strict_mode",
+    "fast-lane": f"{_SITE}::test_the_fast_lane_collects_no_slow_test",
     # docs/security.md
     "restart-methods": (
         "tests/security/test_restart.py::test_the_documented_methods_are_valid_settings"
