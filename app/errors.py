@@ -18,6 +18,7 @@ Fix = Literal[
     "list-sessions",
     "list-sweeps",
     "list-captures",
+    "list-comparisons",
     "import-capture",
     "register-target",
     "delete-target-history",

@@ -162,11 +162,11 @@ class BodyLimit:
         await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
 
 
-# Requests whose work connects to a target: registering one, a session's preflight, a
-# sweep's server facts, a capture's checks, applying or rolling back a recommendation,
-# a session started from a capture's page (REST and dashboard).
+# Requests whose work connects to a target: registering one, a session's or a comparison's
+# preflight, a sweep's server facts, a capture's checks, applying or rolling back a
+# recommendation, a session started from a capture's page (REST and dashboard).
 TARGET_WORK = re.compile(
-    r"/(api/v1/)?(targets|sessions|captures)"
+    r"/(api/v1/)?(targets|sessions|captures|comparisons)"
     r"|/(api/v1/)?targets/\d+(/sweeps)?"
     r"|/(api/v1/)?sessions/\d+/(apply|rollback)"
     r"|/captures/\d+/sessions"

@@ -385,3 +385,56 @@ class SecretKey(Base):
     fingerprint: Mapped[str] = mapped_column(String(64), primary_key=True)
     first_used_by: Mapped[str] = mapped_column(String(200))  # the process (instance id)
     first_used_at: Mapped[datetime]
+
+
+class Comparison(Base):
+    """An independent comparison of named configs on a target (``knobtune compare``).
+
+    Interleaved rounds: every config once per round, in an order shuffled per round from
+    ``seed``, each applied over the target's own settings, a discarded warm-up run, then
+    the measured run. It changes the target's settings, so it holds its target like a
+    session (app/targets/holds.py), takes a ``snapshot`` before the first change and
+    puts it back at the end, on a cancel, and after a crash (the process that resumes it
+    under the lease restores, like a session's). ``configs`` are the settings as
+    resolved when it started (pgtune for the hardware the server has then); ``runs``
+    holds every run as measured.
+    """
+
+    __tablename__ = "comparisons"
+    __table_args__ = (
+        # One active comparison per target, enforced by the DB against racing POSTs.
+        Index(
+            "uq_comparisons_one_active_per_target",
+            "target_id",
+            unique=True,
+            sqlite_where=text("status IN ('queued', 'running')"),
+            postgresql_where=text("status IN ('queued', 'running')"),
+        ),
+        Index("ix_comparisons_status", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    phase: Mapped[str] = mapped_column(String(200), default="queued")
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    seed: Mapped[int] = mapped_column(Integer)
+    configs: Mapped[list[Any] | None] = mapped_column(JSON)  # resolved when it starts
+    # the target's settings before the first change (Snapshot.to_json()) and the probe's
+    # facts; written and committed before any change
+    snapshot: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # what the target may be set to right now (recorded before each apply)
+    applied: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    runs: Mapped[list[Any]] = mapped_column(JSON, default=list)  # one entry per run, in order
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # levels and gains at the end
+    notes: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    restored: Mapped[bool | None] = mapped_column(Boolean)
+    error: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]

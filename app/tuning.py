@@ -27,9 +27,14 @@ class RequestError(ValueError):
 
 
 def workload_kind(body: SessionIn) -> str:
-    if body.workload_kind:
-        return body.workload_kind
-    wl = body.workload
+    return kind_for(body.workload_kind, body.workload)
+
+
+def kind_for(given: str | None, wl: WorkloadIn) -> str:
+    """The workload kind a request gave, else the one its workload is (a session's knob
+    set and hints, a comparison's pgtune)."""
+    if given:
+        return given
     # TPC-H is analytic; CH-benCHmark runs TPC-C and analytic queries at once; TPC-C is OLTP
     builtin_kinds = {"tpch": "analytics", "chbench": "mixed", "tpcc": "write-heavy"}
     if wl.builtin in builtin_kinds:

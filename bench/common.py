@@ -1,15 +1,16 @@
 """What the bench scripts that measure configs side by side share.
 
-* :func:`interleaved`: configs take turns on one target in rounds whose order rotates
-  (two configs: A B, B A, A B, ... = A B B A A B; three: A B C, B C A, C A B), so that
-  whatever drifts within a round (cache, autovacuum, the host's other jobs) does not always
-  favour the same one. Each run is the session's own trial (app/runs/trial.py
+* :func:`interleaved`: configs take turns on one target in rounds, every config once per
+  round in an order shuffled anew each round from a seed (randomized interleaved trials,
+  as ``knobtune compare`` runs them: app/compare/rounds.py is the one implementation), so
+  that whatever drifts within a round (cache, autovacuum, the host's other jobs) does not
+  always favour the same one. Each run is the session's own trial (app/runs/trial.py
   TrialExecutor: apply, a warm-up where asked, the workload's reset, every stream at once,
   per-transaction stats), each config applied on top of the target's settings as they were
   before the first run, and those settings are put back at the end.
 * :func:`paired_gain`: the change between two configs from the rounds' log ratios, with
   a 95% interval and the p-value of a paired t test (two-sided): comparing runs of the
-  same round cancels slow drift.
+  same round cancels slow drift (optimizer/compare.py, as ``knobtune compare`` reports it).
 * :func:`machine`, :func:`profile_of` and :func:`load_average`: what the output says about
   the host, the hardware profile a sandbox ran in, and how busy the host was.
 * :func:`run_main`: every bench script's entry point, so that SIGTERM (``kill``, a
@@ -21,24 +22,26 @@ bench/replay_fidelity.py.
 
 from __future__ import annotations
 
-import math
 import os
 import platform
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
-from scipy import stats
-
 from app.cli import unwind_on_sigterm
+from app.compare.rounds import knob_names, run_rounds
 from app.postgres.cgroups import PROFILES, Limits
 from app.postgres.target import TargetController
 from app.runs.trial import TrialExecutor, TrialOutcome
-from optimizer.descent import Candidate
+from optimizer import compare
 from optimizer.evidence import StreamStat
 
 OnRun = Callable[[int, str, TrialOutcome], None]
+
+
+def round_orders(labels: list[str], rounds: int, seed: int = 0) -> list[list[str]]:
+    """Per round, the configs in the order they run (shuffled per round from ``seed``)."""
+    return [[labels[i] for i in o] for o in compare.round_orders(len(labels), rounds, seed)]
 
 
 def interleaved(
@@ -47,25 +50,23 @@ def interleaved(
     configs: Mapping[str, Mapping[str, str]],
     rounds: int,
     on_run: OnRun,
+    seed: int = 0,
 ) -> None:
-    """``rounds`` rounds of every config in ``configs`` ({label: {knob: value}}), in
-    rotating order; ``on_run(round, label, outcome)`` after each run (it may raise to
-    stop). The target's settings of every knob named are put back at the end, whatever
-    happened."""
-    names = sorted({k for c in configs.values() for k in c})
-    snapshot = ctl.snapshot(names)
-    labels = list(configs)
-    n = 0
+    """``rounds`` rounds of every config in ``configs`` ({label: {knob: value}}), each
+    round's order shuffled from ``seed`` (:func:`round_orders`); ``on_run(round, label,
+    outcome)`` after each run (it may raise to stop). The target's settings are put back
+    at the end, whatever happened."""
+    snapshot = ctl.snapshot(knob_names(configs))
+    orders = round_orders(list(configs), rounds, seed)
     try:
-        for rnd in range(rounds):
-            k = rnd % len(labels)
-            for label in labels[k:] + labels[:k]:
-                config = dict(configs[label])
-                ctl.revert(snapshot)
-                # role "baseline": measured as it is, no guard stops or refuses it
-                out = executor.run(Candidate(n, config, None, None, "baseline"), incumbent=config)
-                n += 1
-                on_run(rnd, label, out)
+        run_rounds(
+            ctl,
+            executor,
+            configs,
+            orders,
+            snapshot,
+            lambda _i, rnd, label, out, _s: on_run(rnd, label, out),
+        )
     finally:
         ctl.revert(snapshot)
 
@@ -83,40 +84,14 @@ def measured(out: TrialOutcome, what: str) -> tuple[StreamStat, ...]:
 def paired_gain(
     c: list[float | None], ref: list[float | None], lower_is_better: bool = False
 ) -> dict[str, Any]:
-    """Gain of c over ref from per-round log ratios of levels (levels: higher is better),
-    over the rounds where both runs are complete.
-
-    ``lower_is_better``: the objective is a time; the gain is the fraction of time saved.
-    Given any positive quantity (a latency, a volume), the "gain" is its paired change:
-    the geometric mean of the rounds' ratios, minus 1.
-    """
-    pairs = [(x, y) for x, y in zip(c, ref, strict=True) if x is not None and y is not None]
-    if not pairs:
-        return {"gain": None, "ci95": None, "p_value": None, "rounds": 0}
-    d = np.log(np.array([x for x, _ in pairs])) - np.log(np.array([y for _, y in pairs]))
-    n = d.size
-    mean, sd = float(d.mean()), float(d.std(ddof=1)) if n > 1 else 0.0
-    half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n) if n > 1 and sd > 0 else 0.0
-    p = float(stats.ttest_1samp(d, 0.0).pvalue) if n > 1 and sd > 0 else None
-
-    def gain(x: float) -> float:
-        return round(-math.expm1(-x) if lower_is_better else math.expm1(x), 4)
-
-    return {
-        "gain": gain(mean),
-        "ci95": [gain(mean - half), gain(mean + half)],
-        "p_value": None if p is None else round(p, 5),
-        "rounds": n,
-    }
+    """Gain of c over ref from per-round log ratios of levels, JSON-ready: ``knobtune
+    compare``'s statistic (optimizer/compare.py ``paired_gain``)."""
+    return compare.paired_gain(c, ref, lower_is_better).to_json()
 
 
 def shown(est: Mapping[str, Any]) -> str:
     """A :func:`paired_gain` estimate as text: "+12.3% [+4.0%, +21.2%] p=0.012"."""
-    if est["gain"] is None:
-        return "not measured"
-    low, high = est["ci95"]
-    p = "" if est["p_value"] is None else f" p={est['p_value']:.3g}"
-    return f"{est['gain']:+.1%} [{low:+.1%}, {high:+.1%}]{p}"
+    return compare.gain_text(est)
 
 
 def machine() -> dict[str, Any]:

@@ -5,18 +5,19 @@ For each reference workload, on a fresh sandbox cluster:
 1. a tuning session through the REST API of a `knobtune serve` subprocess, with a fixed
    time budget;
 2. a confirmation run that interleaves the default config (A), a PGTune-style config for
-   this machine (B) and knobtune's recommendation (C) in rounds whose order rotates: A, B,
-   C, then B, C, A, then C, A, B, ... Each run is preceded by a discarded warm-up run (a
-   restart empties shared_buffers, and a cold run must never be compared with a warm one)
-   and by the workload's reset of its data (TPC-C's orders grow as it runs).
+   this machine (B) and knobtune's recommendation (C) in rounds, each config once per
+   round in an order shuffled per round (seed 0): ``knobtune compare``'s own rounds
+   (app/compare/rounds.py). Each run is preceded by a discarded warm-up run (a restart
+   empties shared_buffers, and a cold run must never be compared with a warm one) and by
+   the workload's reset of its data (TPC-C's orders grow as it runs).
 
-Statistics: a run's level is what the session's verdict judges, from its transactions
-(optimizer/evidence.py: throughput, or the geometric mean of per-query mean times for
-TPC-H, "higher is better" as exp of the log level); a config's level is the median over
-its runs, with a bootstrap 95% interval. Gains compare configs within each round (adjacent
-runs), which cancels slow drift: gain = exp(mean(log C_i - log A_i)) - 1 (for query times:
-the fraction of time saved), p-value of a paired t test on those log differences
-(two-sided).
+Statistics, ``knobtune compare``'s (optimizer/compare.py): a run's level is what the
+session's verdict judges, from its transactions (optimizer/evidence.py: throughput, or the
+geometric mean of per-query mean times for TPC-H, "higher is better" as exp of the log
+level); a config's level is the median over its runs, with a bootstrap 95% interval. Gains
+compare configs within each round, which cancels slow drift: gain = exp(mean(log C_i -
+log A_i)) - 1 (for query times: the fraction of time saved), p-value of a paired t test on
+those log differences (two-sided).
 
 The PGTune-style config is PGTune's for the workload's kind (dw for analytics, oltp for
 write-heavy, mixed otherwise: optimizer.heuristic.db_type_for), as the session's hints.
@@ -58,14 +59,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.chart import final_label, points_of, render_svg  # noqa: E402
-from app.evidence import io_line  # noqa: E402
+from app.compare.rounds import run_record  # noqa: E402
 from app.postgres.cgroups import PROFILES, Limits, resolve  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
@@ -76,14 +76,14 @@ from bench.common import (  # noqa: E402
     interleaved,
     load_average,
     machine,
-    measured,
     paired_gain,
     profile_of,
     run_main,
 )
 from optimizer.catalogue import CATALOGUE, Hardware, default_knobs  # noqa: E402
+from optimizer.compare import summarize  # noqa: E402
 from optimizer.descent import Candidate  # noqa: E402
-from optimizer.evidence import FLOOR, Objective, run_level, unfinished  # noqa: E402
+from optimizer.evidence import Objective  # noqa: E402
 from optimizer.heuristic import db_type_for, pgtune  # noqa: E402
 from tests.helpers import ServiceProcess  # noqa: E402
 
@@ -348,15 +348,15 @@ def confirm(
     io: dict[str, list[dict[str, Any]]] = {k: [] for k in configs}
 
     def record(rnd: int, label: str, out: TrialOutcome) -> None:
-        done = list(measured(out, f"confirmation run of {label}"))
-        level = run_level(done, objective)
-        gone = unfinished(done)
-        levels[label].append(None if level.centre <= FLOOR else math.exp(level.centre))
+        rec = run_record(out, objective)  # what `knobtune compare` records of a run
+        if rec["error"] is not None:
+            raise RuntimeError(f"confirmation run of {label} failed: {rec['error']}")
+        gone = rec["unfinished"]
+        levels[label].append(rec["level"])
         missing[label].append(gone)
-        metrics = dict(out.result.db_metrics or {}) if out.result is not None else {}
-        io[label].append({"io": io_line(metrics), "metrics": metrics})
-        figures = ", ".join(f"{x.name} {x.transactions} tx" for x in done)
-        shown = "incomplete" if gone else f"{math.exp(level.centre):.4g}"
+        io[label].append({"io": rec["io"], "metrics": rec["metrics"]})
+        figures = ", ".join(f"{x['name']} {x['transactions']} tx" for x in rec["streams"])
+        shown = "incomplete" if rec["level"] is None else f"{rec['level']:.4g}"
         print(
             f"  round {rnd + 1} {label}: level {shown} ({figures}"
             f"{'; never finished: ' + ' '.join(gone) if gone else ''})"
@@ -366,35 +366,6 @@ def confirm(
 
     interleaved(ctl, executor, configs, args.rounds, record)
     return levels, missing, io
-
-
-def summarize(
-    levels: dict[str, list[float | None]], lower_is_better: bool = False, seed: int = 0
-) -> dict[str, Any]:
-    """Per config: the median complete run in the objective's units (tps; for a query-time
-    objective, ms, the level being 1 / time) with a bootstrap 95% interval, every run
-    (None: incomplete) and how many were incomplete."""
-    rng = np.random.default_rng(seed)
-    out: dict[str, Any] = {}
-    for label, runs in levels.items():
-        xs = [x for x in runs if x is not None]
-        if not xs:
-            out[label] = {"median": None, "runs": runs, "incomplete_runs": len(runs)}
-            continue
-        arr = 1.0 / np.array(xs) if lower_is_better else np.array(xs)
-        boots = np.median(rng.choice(arr, size=(10_000, arr.size), replace=True), axis=1)
-
-        def sig(x: float) -> float:
-            return float(f"{x:.4g}")
-
-        out[label] = {
-            "unit": "ms" if lower_is_better else "tps",
-            "median": sig(float(np.median(arr))),
-            "ci95": [sig(float(np.percentile(boots, 2.5))), sig(float(np.percentile(boots, 97.5)))],
-            "runs": [None if x is None else sig(1.0 / x if lower_is_better else x) for x in runs],
-            "incomplete_runs": len(runs) - len(xs),
-        }
-    return out
 
 
 def _workload(spec: dict[str, Any]) -> Any:

@@ -22,6 +22,8 @@ def rest_hint(exc: ServiceError) -> str | None:
         return "GET /api/v1/sweeps lists them"
     if exc.fix == "list-captures":
         return "GET /api/v1/captures lists them"
+    if exc.fix == "list-comparisons":
+        return "GET /api/v1/comparisons lists them"
     if exc.fix == "import-capture":
         return (
             "or capture the log on the server yourself and upload it: "

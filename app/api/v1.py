@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.api import captures, knobs, schedules, sessions, sweeps, targets
+from app.api import captures, compare, knobs, schedules, sessions, sweeps, targets
 
 ROUTERS: tuple[APIRouter, ...] = tuple(
-    d.router for d in (targets, sessions, knobs, schedules, sweeps, captures)
+    d.router for d in (targets, sessions, knobs, schedules, sweeps, captures, compare)
 )

@@ -1,4 +1,5 @@
-"""APScheduler glue: claims sessions, sweeps and captures under a lease, fires recurring sessions.
+"""APScheduler glue: claims sessions, sweeps, comparisons and captures under a lease, fires
+recurring sessions.
 
 Several service processes may share one PostgreSQL metadata DB. Each process
 has its own in-memory APScheduler (job stores are never shared); coordination
@@ -8,7 +9,7 @@ happens only through the DB:
   (``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL, then an UPDATE guarded
   by the lease still being free), renewed by its heartbeat
   (app/runs/heartbeat.py); a dead process's lease expires and another process
-  takes the work over (and resumes it). Sessions and sweeps count against
+  takes the work over (and resumes it). Sessions, sweeps and comparisons count against
   ``max_parallel_sessions``: two benchmarks at once spoil each other's figures. A live
   capture (issue 28) is claimed the same way but counts against its own
   ``max_parallel_captures`` and runs on its own threads: it loads no host (it waits on
@@ -32,9 +33,10 @@ from apscheduler.triggers.interval import IntervalTrigger
 from pydantic import ValidationError
 from sqlalchemy import Connection, or_, select, text, update
 
+from app.compare.runner import ComparisonRunner
 from app.db import Database, changed_rows, utcnow
 from app.errors import ServiceError
-from app.models import ACTIVE_STATUSES, Capture, Schedule, Sweep, TuningSession
+from app.models import ACTIVE_STATUSES, Capture, Comparison, Schedule, Sweep, TuningSession
 from app.runs.capture import CaptureRunner
 from app.runs.session import RunEnv, SessionRunner
 from app.runs.sweep import SweepRunner
@@ -47,10 +49,16 @@ log = logging.getLogger(__name__)
 
 LEADER_LOCK_KEY = 0x6B6E6F62  # 'knob': the advisory lock id of the trigger leader
 
-Kind = Literal["session", "sweep", "capture"]
-Model = type[TuningSession] | type[Sweep] | type[Capture]
-_MODELS: dict[Kind, Model] = {"session": TuningSession, "sweep": Sweep, "capture": Capture}
-BENCHMARKS: tuple[Kind, ...] = ("session", "sweep")  # share max_parallel_sessions
+Kind = Literal["session", "sweep", "capture", "comparison"]
+Model = type[TuningSession] | type[Sweep] | type[Capture] | type[Comparison]
+_MODELS: dict[Kind, Model] = {
+    "session": TuningSession,
+    "sweep": Sweep,
+    "capture": Capture,
+    "comparison": Comparison,
+}
+# share max_parallel_sessions: each loads its target's host with benchmarks
+BENCHMARKS: tuple[Kind, ...] = ("session", "sweep", "comparison")
 CAPTURES: tuple[Kind, ...] = ("capture",)  # max_parallel_captures, threads of their own
 
 
@@ -70,6 +78,7 @@ class Scheduler:
         self._running: set[tuple[Kind, int]] = set()
         self.claimed_sweeps: list[int] = []  # the sweeps the last claim() took
         self.claimed_captures: list[int] = []  # the captures the last claim() took
+        self.claimed_comparisons: list[int] = []  # the comparisons the last claim() took
         self._lock = threading.Lock()
         self._claiming = threading.Lock()  # one claim at a time: capacity is counted once
         self._leader_conn: Connection | None = None
@@ -108,6 +117,10 @@ class Scheduler:
         with self._lock:
             return {i for kind, i in self._running if kind == "capture"}
 
+    def running_comparisons(self) -> set[int]:
+        with self._lock:
+            return {i for kind, i in self._running if kind == "comparison"}
+
     def wake(self) -> None:
         """Claim now rather than at the next poll (a sweep was just asked for)."""
         if self.scheduler.running:
@@ -117,15 +130,17 @@ class Scheduler:
     def claim(self) -> list[int]:
         """Take free work (queued, or running with an expired lease) up to our capacity.
 
-        Sessions and sweeps alike, oldest first, up to max_parallel_sessions; captures up to
-        max_parallel_captures. Returns the ids of the claimed sessions (``claimed_sweeps``
-        and ``claimed_captures`` have the others').
+        Sessions, sweeps and comparisons alike, oldest first, up to max_parallel_sessions;
+        captures up to max_parallel_captures. Returns the ids of the claimed sessions
+        (``claimed_sweeps``, ``claimed_comparisons`` and ``claimed_captures`` have the
+        others').
         """
         with self._claiming:
             claimed = self._claim(BENCHMARKS, self.settings.max_parallel_sessions)
             claimed += self._claim(CAPTURES, self.settings.max_parallel_captures)
         self.claimed_sweeps = [i for kind, i in claimed if kind == "sweep"]
         self.claimed_captures = [i for kind, i in claimed if kind == "capture"]
+        self.claimed_comparisons = [i for kind, i in claimed if kind == "comparison"]
         return [i for kind, i in claimed if kind == "session"]
 
     def _claim(self, kinds: tuple[Kind, ...], capacity: int) -> list[tuple[Kind, int]]:
@@ -183,6 +198,8 @@ class Scheduler:
                 SessionRunner(self.db, self.settings, row_id, self.owner, self.env).run()
             elif kind == "sweep":
                 SweepRunner(self.db, self.settings, row_id, self.owner).run()
+            elif kind == "comparison":
+                ComparisonRunner(self.db, self.settings, row_id, self.owner).run()
             else:
                 CaptureRunner(self.db, self.settings, row_id, self.owner).run()
         except Exception:

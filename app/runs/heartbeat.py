@@ -1,10 +1,11 @@
-"""The lease heartbeat shared by sessions, sweeps and captures: renew, publish, notice a cancel.
+"""The lease heartbeat shared by sessions, sweeps, captures and comparisons: renew, publish,
+notice a cancel.
 
-A row that background work holds (``sessions``, ``sweeps`` or ``captures``) carries ``lease_owner``,
-``lease_expires_at`` and ``cancel_requested``. Once a second the heartbeat renews the
-lease (a compare-and-set on the owner), writes what the work publishes (live samples, its
-phase) and reads the cancel flag. A lease taken by another process sets ``lost``; a
-cancel sets ``cancel``; either sets ``stop_bench`` so that pgbench stops at once.
+A row that background work holds (``sessions``, ``sweeps``, ``captures``, ``comparisons``)
+carries ``lease_owner``, ``lease_expires_at`` and ``cancel_requested``. Once a second the
+heartbeat renews the lease (a compare-and-set on the owner), writes what the work publishes
+(live samples, its phase) and reads the cancel flag. A lease taken by another process sets
+``lost``; a cancel sets ``cancel``; either sets ``stop_bench`` so that pgbench stops at once.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from app.db import Database, changed_rows, db_message, utcnow
-from app.models import ACTIVE_STATUSES, Capture, Sweep, TuningSession
+from app.models import ACTIVE_STATUSES, Capture, Comparison, Sweep, TuningSession
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ class LeaseLost(Exception):
     """Another process took the work over: stop without touching the target."""
 
 
-Leased = type[TuningSession] | type[Sweep] | type[Capture]
+Leased = type[TuningSession] | type[Sweep] | type[Capture] | type[Comparison]
 
 
 def request_cancel(s: Session, model: Leased, row_id: int, stopping_phase: str) -> str | None:

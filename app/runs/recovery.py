@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import psycopg
 
@@ -34,7 +34,6 @@ from app.postgres.target import (
     TargetError,
 )
 from app.runs.heartbeat import Heartbeat, LeaseLost
-from app.runs.store import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +77,22 @@ class SessionTarget(Protocol):
     def buffer_pool(self) -> PoolFill | None: ...
 
 
+class RecoveryStore(Protocol):
+    """Where a recovery says what it does: a session's store (app/runs/store.py), or a
+    comparison's (app/compare/runner.py)."""
+
+    def phase(self, phase: str) -> None: ...
+
+    def update(self, **values: Any) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
 class TargetRecovery:
     def __init__(
         self,
         target: SessionTarget,
-        store: SessionStore,
+        store: RecoveryStore,
         hb: Heartbeat,
         *,
         retry_s: float,
@@ -185,9 +195,7 @@ class TargetRecovery:
         except (TargetError, psycopg.Error):  # e.g. no right to end them: they end by themselves
             ended = 0
         if ended:
-            log.info(
-                "session %s: ended %d orphan pgbench connections", self.store.session_id, ended
-            )
+            log.info("%s: ended %d orphan pgbench connections", self.hb.what, ended)
 
     def restore(self, snapshot: Snapshot, status: str, error: str | None) -> None:
         """Revert to the snapshot; an unreachable target is waited for (restore_wait_s).
@@ -236,10 +244,10 @@ class TargetRecovery:
         The session stays 'running' with a lease that runs out, so a process resumes it
         (replaying the stored trials) once the DB is back.
         """
-        log.error("session %s: %s; restoring the target and pausing", self.store.session_id, why)
+        log.error("%s: %s; restoring the target and pausing", self.hb.what, why)
         if snapshot is None:
             return
         try:
             self.target.revert(snapshot)
         except Exception:
-            log.exception("session %s: restoring the target failed", self.store.session_id)
+            log.exception("%s: restoring the target failed", self.hb.what)

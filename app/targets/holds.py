@@ -1,12 +1,15 @@
-"""The one rule of who holds a target: an active session, sweep or capture, one at a time.
+"""The one rule of who holds a target: an active session, sweep, capture or comparison, one
+at a time.
 
 A session changes the target's settings and a sweep loads it; either would spoil the
 other's measurements, so a target is held by at most one of them. A live capture changes
 the target's logging settings and records what runs on it: a session or sweep meanwhile
 would be recorded as the user's workload (and would change settings under the capture's
-snapshot), so a capture holds its target too, and one capture at a time. A held target cannot
-get another session or sweep, cannot be deleted, and its managed sandbox keeps running
-at shutdown (the holder resumes on it after a restart). The database enforces half of it
+snapshot), so a capture holds its target too, and one capture at a time. A comparison
+(``knobtune compare``) applies config after config and measures each: it holds its target
+like a session. A held target cannot get another session or sweep, cannot be deleted,
+and its managed sandbox keeps running at shutdown (the holder resumes on it after a
+restart). The database enforces half of it
 too (one active session per target: ``uq_sessions_one_active_per_target``).
 """
 
@@ -20,7 +23,15 @@ from sqlalchemy import literal, select, union_all
 from sqlalchemy.orm import Session
 
 from app.db import utcnow
-from app.models import ACTIVE_STATUSES, Apply, Capture, Sweep, Target, TuningSession
+from app.models import (
+    ACTIVE_STATUSES,
+    Apply,
+    Capture,
+    Comparison,
+    Sweep,
+    Target,
+    TuningSession,
+)
 
 # An apply or rollback in progress (it takes seconds, a restart included) holds its target
 # too; one older than this was cut short by a crash and no longer holds anything.
@@ -28,7 +39,7 @@ APPLY_ACTIVE = ("applying", "rolling-back")
 APPLY_HOLD_S = 600
 
 
-HolderKind = Literal["session", "sweep", "capture", "apply"]
+HolderKind = Literal["session", "sweep", "capture", "comparison", "apply"]
 
 
 @dataclass(frozen=True)
@@ -45,12 +56,13 @@ _JOBS: tuple[tuple[HolderKind, Any], ...] = (
     ("session", TuningSession),
     ("sweep", Sweep),
     ("capture", Capture),
+    ("comparison", Comparison),
 )
 
 
 def holder(s: Session, target_id: int) -> Holder | None:
     """What holds the target now: its active session, else its active sweep, else its
-    active capture, else an apply in progress, else None."""
+    active capture, else its active comparison, else an apply in progress, else None."""
     for kind, model in _JOBS:
         row_id = s.scalar(
             select(model.id)

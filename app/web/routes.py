@@ -35,6 +35,7 @@ from app.api.deps import (
 )
 from app.captures import service as capture_svc
 from app.chart import final_label, points_of, readable, render_svg, render_sweep_svg
+from app.compare import service as compare_svc
 from app.db import Database
 from app.errors import ServiceError
 from app.models import ACTIVE_STATUSES, Sweep, Trial
@@ -702,6 +703,33 @@ def cancel_sweep(sweep_id: int, request: Request, db: DB) -> Response:
     except ServiceError as exc:
         return _sweep_page(request, db, sweep_id, error=exc.message, status=exc.status)
     return RedirectResponse(f"/sweeps/{sweep_id}", status_code=303)
+
+
+# -- comparisons (issue 42) ---------------------------------------------------------------
+def _comparison_page(
+    request: Request, db: Database, comparison_id: int, error: str | None = None, status: int = 200
+) -> HTMLResponse:
+    try:
+        row = compare_svc.get_comparison(db, comparison_id)
+        target = target_svc.get_target(db, row.target_id)
+    except ServiceError as exc:
+        return _page(request, "error.html", {"message": exc.message}, exc.status)
+    ctx = {"c": compare_svc.comparison_out(row, target.name), "target": target, "error": error}
+    return _page(request, "comparison.html", ctx, status)
+
+
+@page.get("/comparisons/{comparison_id}", response_class=HTMLResponse)
+def comparison_page(comparison_id: int, request: Request, db: DB) -> HTMLResponse:
+    return _comparison_page(request, db, comparison_id)
+
+
+@post.post("/comparisons/{comparison_id}/cancel")
+def cancel_comparison(comparison_id: int, request: Request, db: DB) -> Response:
+    try:
+        compare_svc.cancel_comparison(db, comparison_id)
+    except ServiceError as exc:
+        return _comparison_page(request, db, comparison_id, error=exc.message, status=exc.status)
+    return RedirectResponse(f"/comparisons/{comparison_id}", status_code=303)
 
 
 @post.post("/sessions/{session_id}/cancel")

@@ -25,6 +25,7 @@ COMMANDS = [
     "rollback",
     "cancel",
     "sweep",
+    "compare",
     "capture",
     "captures list",
     "captures show",

@@ -44,6 +44,10 @@ COMMANDS: dict[str, str] = {
     "cli-help": f"{_CLI}::test_cli_help",
     "tune-tpch": f"{_CLI}::test_tune_tpch_keeps_the_power_test_single_client",
     "sweep-cli": f"{_CLI}::test_sweep_cli",
+    # docs/compare.md
+    "compare-register": "tests/docs/test_compare.py::test_compare_commands",
+    "compare-run": "tests/docs/test_compare.py::test_compare_commands",
+    "compare-file": "tests/docs/test_compare.py::test_compare_commands",
     # docs/rest.md
     "rest-walkthrough": (
         "tests/acceptance/test_readme.py::test_rest_walkthrough_in_a_fresh_directory"
