@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import psycopg
 
 from app.db import utcnow
+from app.postgres.memory import MemoryMeter
 from app.postgres.target import (
     ApplyResult,
     ConnectError,
@@ -75,6 +76,8 @@ class SessionTarget(Protocol):
     def terminate_clients(self, application_prefix: str) -> int: ...
 
     def buffer_pool(self) -> PoolFill | None: ...
+
+    def memory_meter(self) -> MemoryMeter | None: ...
 
 
 class RecoveryStore(Protocol):
