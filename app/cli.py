@@ -118,7 +118,9 @@ def connect(
     from app.main import create_app
     from app.settings import Settings
 
-    overrides: dict[str, Any] = {}
+    # The operator acting on their own machine: targets may be its local servers, and a
+    # DSN target's workload may run as the DSN's user (app/postgres/connect.py, roles.py).
+    overrides: dict[str, Any] = {"local_operator": True}
     if database_url:
         overrides["database_url"] = database_url
     if work_dir:

@@ -33,6 +33,7 @@ from app.captures import store as capture_store
 from app.errors import ServiceError
 from app.jobs.scheduler import Scheduler
 from app.models import Trial, TuningSession
+from app.postgres import connect as target_connect
 from app.postgres import privilege
 from app.postgres.dsn import install_log_scrub
 from app.postgres.pgbench import remove_orphan_rundirs
@@ -40,7 +41,7 @@ from app.postgres.sandbox import remove_orphan_templates
 from app.settings import Settings, get_settings
 from app.targets.location import drop_empty_fallback
 from app.targets.sandboxes import start_sandboxes, stop_sandboxes
-from app.targets.service import seal_stored_secrets
+from app.targets.service import remember_sandboxes, seal_stored_secrets
 from app.web.routes import RenderedPages
 from app.web.routes import router as web_router
 
@@ -222,6 +223,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             db.dispose()
             raise
         seal_stored_secrets(db)  # plain-text DSNs of an older version: encrypted now
+        # where targets' connections may go (KNOBTUNE_TARGET_HOSTS, the managed sandboxes;
+        # the CLI's in-process mode: anywhere): app/postgres/connect.py
+        previous_policy = target_connect.configure(target_connect.policy_for(settings))
+        remember_sandboxes(db)
         # captured logs live under this service's work directory; the replay workload
         # (below app/captures) gets its loader handed over here
         capture_store.configure(settings.work_dir)
@@ -234,6 +239,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # left by an earlier process that was killed mid-run
             remove_orphan_rundirs()
             remove_orphan_templates()
+            target_connect.remove_orphan_homes()
             start_sandboxes(db)
             sched = Scheduler(db, settings)
             sched.start()
@@ -247,6 +253,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 stop_sandboxes(db, settings)
             drop_empty_fallback(settings)
             db.dispose()
+            target_connect.configure(previous_policy)  # an app run inside another's process
 
     # FastAPIOffline serves /docs from assets bundled in its package: no CDN, so the API
     # docs work on a machine without internet, like the rest of the service.

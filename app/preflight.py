@@ -19,10 +19,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
+
 from app.postgres import privilege
-from app.postgres.dsn import libpq_env, mask_dsn, password_of
+from app.postgres.connect import describe_line, libpq_env
+from app.postgres.dsn import mask_dsn, password_of, scrub
 from app.postgres.errors import bounded, first_line, primary_message
 from app.postgres.pgbench import PgbenchError, find_pgbench
+from app.postgres.roles import WorkloadRoleError, check_workload_role
 from app.postgres.scripts import ScriptError, check_script, command_lines
 from app.schemas import BUILTIN_WORKLOADS, WorkloadIn
 
@@ -118,6 +122,13 @@ def check_workload(dsn: str, workload: WorkloadIn, *, known_dsns: Iterable[str] 
             check_script(script.sql)
         except ScriptError as exc:
             raise PreflightError(f"workload.scripts[{i}], {exc}") from None
+    try:
+        # never a role that reaches the server's host (app/postgres/roles.py)
+        check_workload_role(dsn, connect_timeout=CONNECT_TIMEOUT_S)
+    except WorkloadRoleError as exc:
+        raise PreflightError(str(exc)) from None
+    except psycopg.Error:
+        pass  # unreachable now: the dry run (or the session) fails with its own message
     if workload.builtin in BUILTIN_WORKLOADS:
         # its scripts are ours and tested; its tables exist only once prepare() loaded them
         return [f"builtin {workload.builtin}: not dry-run (knobtune's own scripts and data)"]
@@ -127,9 +138,6 @@ def check_workload(dsn: str, workload: WorkloadIn, *, known_dsns: Iterable[str] 
         # The service's own installation, not the request: the session records it as
         # its error (README, Reliability), as for a pgbench that goes missing later.
         return [f"not dry-run: {exc}"]
-    env = libpq_env(dsn)
-    env.setdefault("PGAPPNAME", "knobtune-preflight")
-    env.setdefault("PGCONNECT_TIMEOUT", str(CONNECT_TIMEOUT_S))
     secrets = [pw for pw in map(password_of, [dsn, *known_dsns]) if pw]
     runs: list[tuple[str, list[str], str | None]] = []  # (label, pgbench args, script text)
     notes: list[str] = []
@@ -138,6 +146,16 @@ def check_workload(dsn: str, workload: WorkloadIn, *, known_dsns: Iterable[str] 
             notes.append(f"builtin {workload.builtin}: not dry-run (its tables come from init)")
         else:
             runs.append((f"builtin script {workload.builtin}", ["-b", workload.builtin], None))
+    if not runs and not workload.scripts:
+        return notes  # nothing to dry-run: nothing connects
+    try:
+        env = libpq_env(dsn)
+    except psycopg.Error as exc:  # the DSN's check: app/postgres/connect.py
+        raise PreflightError(
+            f"cannot connect to the target {mask_dsn(dsn)}: {scrub(str(exc), dsn)}"
+        ) from None
+    env.setdefault("PGAPPNAME", "knobtune-preflight")
+    env.setdefault("PGCONNECT_TIMEOUT", str(CONNECT_TIMEOUT_S))
     with tempfile.TemporaryDirectory(prefix="knobtune-preflight-") as tmp:
         privilege.hand_over(Path(tmp))  # pgbench runs as the unprivileged user
         for i, script in enumerate(workload.scripts or []):
@@ -193,7 +211,9 @@ def _explain(
     raw = failure.message if failure else first_line(stderr.removeprefix("pgbench: "))
     said = primary_message(raw, secrets) if raw.strip() else "no message"
     if "connection to server" in raw or "could not connect" in raw:
-        return f"cannot connect to the target {mask_dsn(dsn)}: {bounded(raw, secrets)}"
+        # never what the far end sent (app/postgres/connect.py)
+        said = bounded(describe_line(raw, dsn), secrets)
+        return f"cannot connect to the target {mask_dsn(dsn)}: {said}"
     where = label
     if sql is not None and failure is not None:
         line = _where(sql, failure)

@@ -172,6 +172,16 @@ class TargetIn(BaseModel):
     )
     ram_bytes: int | None = Field(default=None, ge=64 * 1024 * 1024, le=1 << 50)
     cpus: int | None = Field(default=None, ge=1, le=4096)
+    workload_dsn: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2000,
+        description="The DSN the workload runs as (a client's scripts, the preflight, "
+        "replays, data loading): a role of the same server that is no superuser and no "
+        "member of pg_execute_server_program, pg_read_server_files or "
+        "pg_write_server_files. Needed when dsn's user is such a role (it usually is: "
+        "ALTER SYSTEM). Not for sandboxes (they have knobtune_bench).",
+    )
     sandbox: bool | SandboxIn = Field(
         default=False,
         description="Create a managed local PostgreSQL cluster for this target: true (no "
@@ -194,6 +204,10 @@ class TargetIn(BaseModel):
     def _dsn_or_sandbox(self) -> TargetIn:
         if self.sandbox and self.dsn:
             raise ValueError("give either dsn or sandbox=true, not both")
+        if self.sandbox and self.workload_dsn:
+            raise ValueError(
+                "a sandbox's workload runs as its own knobtune_bench: omit workload_dsn"
+            )
         if not self.sandbox and not self.dsn:
             raise ValueError("dsn is required (or set sandbox=true for a managed local cluster)")
         return self
@@ -219,6 +233,8 @@ class TargetOut(BaseModel):
     busy_session_id: int | None
     created_at: datetime
     retired_at: datetime | None = None  # set: kept only for its sessions' history
+    # where the workload runs when it is not dsn (password masked): a least-privileged role
+    workload_dsn: str | None = None
 
 
 class TargetPatch(BaseModel):

@@ -206,6 +206,59 @@ class Settings(BaseSettings):
         "max_parallel_sessions.",
     )
 
+    # -- where a client's DSN may lead (issue 40; app/postgres/connect.py) --------------
+    target_hosts: Annotated[list[str], NoDecode] = Field(
+        default=["*"],
+        description="Destinations an API client's DSN may reach, comma-separated: '*' (any "
+        "address that is not loopback, link-local or unspecified), host names (*.example.com "
+        "too), IP addresses or CIDRs (127.0.0.1/32), unix-socket directories "
+        "(/var/run/postgresql, and the directories below it). Checked for every host of a "
+        "DSN, names resolved at registration and before every connection. Without '*' "
+        "only the listed ones. Managed sandboxes are always allowed.",
+    )
+    target_passfile: Path | None = Field(
+        default=None,
+        description="A pgpass file of the operator's: its passwords are used for targets "
+        "whose DSN has none and no hostaddr. Any API client naming a host listed in it logs "
+        "in with that entry: list only servers every token holder may tune.",
+    )
+    local_operator: bool = Field(
+        default=False,
+        description="Set by the CLI without --server (the operator on their own machine): "
+        "targets may be local servers (loopback, unix sockets) and a DSN target's workload "
+        "may run as its DSN's user, superuser too. Never for a service others reach.",
+    )
+
+    @field_validator("target_hosts", mode="before")
+    @classmethod
+    def _target_host_list(cls, v: Any) -> Any:
+        import ipaddress
+
+        if isinstance(v, str):
+            v = [h.strip() for h in v.split(",")]
+        if isinstance(v, list):
+            v = [str(h).strip() for h in v if str(h).strip()]
+            for h in v:
+                if h == "*" or h.startswith(("/", "@")):
+                    continue
+                try:
+                    ipaddress.ip_network(h, strict=False)
+                    continue
+                except ValueError:
+                    pass
+                if not re.fullmatch(r"(\*\.)?[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?\.?", h):
+                    raise ValueError(
+                        f"target host {h!r}: give '*', a host name (db.example.com, "
+                        "*.example.com), an address or CIDR (10.0.0.0/8), or a unix-socket "
+                        "directory (/var/run/postgresql)"
+                    )
+        return v
+
+    @field_validator("target_passfile")
+    @classmethod
+    def _absolute_passfile(cls, v: Path | None) -> Path | None:
+        return v.expanduser().resolve() if v is not None else None
+
     @field_validator("allowed_origins", mode="before")
     @classmethod
     def _origin_list(cls, v: Any) -> Any:

@@ -107,7 +107,9 @@ def main() -> int:
         url = service.url
         try:
             api = httpx.Client(base_url=url, timeout=30)
-            tid = api.post("/api/v1/targets", json={"name": "load", "dsn": sb.dsn}).json()["id"]
+            # workloads never run as a superuser: the sandbox's benchmark role (issue 40)
+            body = {"name": "load", "dsn": sb.dsn, "workload_dsn": sb.bench_dsn}
+            tid = api.post("/api/v1/targets", json=body).json()["id"]
             sid = api.post(
                 "/api/v1/sessions",
                 json={

@@ -684,12 +684,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         service.start()
         try:
             api = httpx.Client(base_url=service.url, timeout=120)
-            p_id = _register(api, {"name": "production", "dsn": prod.dsn})
+            # workloads never run as a superuser: each sandbox's benchmark role (issue 40)
+            p_id = _register(
+                api, {"name": "production", "dsn": prod.dsn, "workload_dsn": prod.bench_dsn}
+            )
             r_id = _register(
                 api,
                 {
                     "name": "staging",
                     "dsn": staging.dsn,
+                    "workload_dsn": staging.bench_dsn,
                     "restart_method": "staging",
                     "data_dir": str(staging.data_dir),
                 },

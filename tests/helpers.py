@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -117,6 +118,8 @@ class ServiceProcess:
             **os.environ,
             "KNOBTUNE_DATABASE_URL": f"sqlite:///{tmp / 'meta.db'}",
             "KNOBTUNE_WORK_DIR": str(tmp),
+            # the tests' own sandboxes, on this host: the operator allows them (issue 40)
+            "KNOBTUNE_TARGET_HOSTS": f"*,127.0.0.1/32,{tempfile.gettempdir()},/tmp",
             **env,
         }
         self.log_path = tmp / "service.log"

@@ -23,6 +23,7 @@ from app.captures import summary as summaries
 from app.db import Database, utcnow
 from app.errors import ServiceError, to_id
 from app.models import ACTIVE_STATUSES, Capture, Target
+from app.postgres.connect import connect_target
 from app.postgres.dsn import mask_dsn, scrub
 from app.postgres.serverlog import access_problems
 from app.runs.heartbeat import request_cancel
@@ -114,7 +115,7 @@ def create_capture(db: Database, body: CaptureIn) -> Capture:
 def _access(dsn: str, database: str) -> list[str]:
     """What stops a capture on the target (app.postgres.serverlog.access_problems)."""
     try:
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
+        with connect_target(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
             return access_problems(conn, database=database)
     except psycopg.Error as exc:
         said = scrub(" ".join(str(exc).split()), dsn)[:300]

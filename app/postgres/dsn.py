@@ -1,21 +1,26 @@
-"""Connection strings: masking passwords, libpq environment for child processes, locality."""
+"""Connection strings: masking passwords, libpq environment for child processes, locality.
+
+What a client's DSN may say and where it may go: app/postgres/connect.py."""
 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 from typing import Any
 
-from psycopg.conninfo import conninfo_to_dict
-
-from app.postgres.privilege import child_env
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 MASK = "***"
 
 # key=value form: password='it''s' or password=plain (libpq allows spaces around '=').
-_KV_PASSWORD = re.compile(r"(\bpassword\s*=\s*)((?:'(?:[^'\\]|\\.)*')+|[^\s']+)", re.IGNORECASE)
+# (a value runs to the next unescaped blank: libpq reads "abc\\ def" as "abc def")
+_KV_PASSWORD = re.compile(
+    r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|(?:[^\s'\\]|\\.)+)", re.IGNORECASE
+)
+# what is left of a DSN libpq cannot parse: everything after a password keyword
+_KV_REST = re.compile(r"(\bpassword\s*=\s*).*", re.IGNORECASE | re.DOTALL)
+_URI_REST = re.compile(r"^(\s*postgres(?:ql)?://[^:/@?#]*):[^@]*@", re.IGNORECASE)
 _URI = re.compile(r"^\s*postgres(?:ql)?://", re.IGNORECASE)
 # URI form: scheme://user:secret@host and ?password=secret / &password=secret.
 _URI_USERINFO = re.compile(r"^(postgres(?:ql)?://[^:/@?#]*):([^@/?#]*)@", re.IGNORECASE)
@@ -64,12 +69,43 @@ LIBPQ_ENV = {
 _LOOPBACK = {"localhost", "::1", "127.0.0.1"}
 
 
-def mask_dsn(dsn: str) -> str:
-    """The DSN with its password replaced by '***' (key=value and URI forms)."""
+def _mask_text(dsn: str) -> str:
     if not _URI.match(dsn):
         return _KV_PASSWORD.sub(lambda m: m.group(1) + MASK, dsn)
     out = _URI_USERINFO.sub(lambda m: f"{m.group(1)}:{MASK}@", dsn.strip())
     return _URI_PARAM.sub(lambda m: m.group(1) + MASK, out)
+
+
+def mask_dsn(dsn: str) -> str:
+    """The DSN with its password replaced by '***' (key=value and URI forms).
+
+    The masked text is kept as written only when libpq reads it as the DSN itself with
+    the password '***'; otherwise (an escaped or quoted password the text pattern cut
+    short: ``password=abc\\ def`` showed `` def``) the DSN is written again from what
+    libpq parsed. An unparsable DSN loses everything after its password keyword.
+    """
+    masked = _mask_text(dsn)
+    try:
+        params = conninfo_to_dict(dsn)
+    except Exception:  # psycopg.ProgrammingError: libpq cannot read it
+        if _URI.match(dsn):  # its parts end where a URI's do: "@", "&"
+            out = _URI_REST.sub(lambda m: f"{m.group(1)}:{MASK}@", dsn)
+            return _URI_PARAM.sub(lambda m: m.group(1) + MASK, out)
+        return _KV_REST.sub(r"\1" + MASK, dsn)
+    rest = {k: v for k, v in params.items() if k != "password"}
+    try:
+        again = conninfo_to_dict(masked)
+    except Exception:
+        again = None
+    if (
+        again is not None
+        and {k: v for k, v in again.items() if k != "password"} == rest
+        and again.get("password") == (MASK if params.get("password") is not None else None)
+    ):
+        return masked
+    if params.get("password") is not None:
+        rest["password"] = MASK
+    return make_conninfo("", **rest)
 
 
 def password_of(dsn: str) -> str | None:
@@ -121,54 +157,20 @@ def scrub(text: str, dsn: str) -> str:
     return scrub_known(text)
 
 
-# Parameters that make libpq use a file of the host it runs on as the client's identity
-# or secrets. Given by an API client they would make the service (root, perhaps) log in
-# with the host's password, service file or client key on the client's behalf (to a
-# server of the client's choice): only the operator may name such files. CA certificates
-# and revocation lists (sslrootcert, sslcrl) are public material and stay allowed.
-HOST_FILE_PARAMS = ("passfile", "service", "sslcert", "sslkey")
-
-
-def check_client_dsn(dsn: str) -> None:
-    """Raise ValueError when a client's DSN names files of the service's host."""
-    try:
-        params = conninfo_to_dict(dsn)
-    except Exception as exc:  # psycopg.ProgrammingError: the message names the problem
-        raise ValueError(
-            f"invalid connection string {mask_dsn(dsn)}: {scrub(str(exc), dsn)}"
-        ) from None
-    named = [k for k in HOST_FILE_PARAMS if params.get(k)]
-    if named:
-        raise ValueError(
-            f"the connection string names files on the service's host ({', '.join(named)}): "
-            "an API client may not; give the password in the DSN (it is stored encrypted), "
-            "or ask the operator to register the target"
-        )
-
-
 def libpq_env(dsn: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for a libpq client (pgbench) that connects like ``dsn`` does.
+    """Environment for a libpq child that connects like ``dsn`` does: checked, pinned,
+    nothing inherited (app.postgres.connect.libpq_env, which says how)."""
+    from app.postgres.connect import libpq_env as checked_env
 
-    Inherited PG* variables that a DSN could set are dropped first, so the
-    child connects exactly where the DSN says, and the password travels in
-    PGPASSWORD instead of the command line. Without ``base`` the child starts from a
-    minimal environment (app/postgres/privilege.py), never the service's own.
-    """
-    env = dict(child_env() if base is None else base)
-    for name in LIBPQ_ENV.values():
-        env.pop(name, None)
-    for key, value in conninfo_to_dict(dsn).items():
-        var = LIBPQ_ENV.get(key)
-        if var is not None and value is not None:
-            env[var] = str(value)
-    return env
+    return checked_env(dsn, base)
 
 
 def is_local(dsn: str) -> bool:
     """Whether ``dsn`` reaches a server on this host (unix socket or loopback address)."""
+    # never the service's PGHOST: connections do not inherit it (app/postgres/connect.py)
     params = conninfo_to_dict(dsn)
-    host = str(params.get("host") or os.environ.get("PGHOST") or "")
-    hostaddr = str(params.get("hostaddr") or os.environ.get("PGHOSTADDR") or "")
+    host = str(params.get("host") or "")
+    hostaddr = str(params.get("hostaddr") or "")
     if hostaddr:
         return all(_loopback(h) for h in hostaddr.split(","))
     if not host:

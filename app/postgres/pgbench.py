@@ -41,7 +41,14 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from app.postgres import privilege
-from app.postgres.dsn import libpq_env, mask_dsn, scrub
+from app.postgres.connect import (
+    DestinationRefused,
+    DsnRefused,
+    connect_target,
+    describe_line,
+    libpq_env,
+)
+from app.postgres.dsn import mask_dsn, scrub
 from app.postgres.errors import bounded
 from app.postgres.pgbench_output import (
     ProgressSample,
@@ -482,7 +489,7 @@ def _wal_and_statements(conn: psycopg.Connection[Any], version: int) -> dict[str
 def _read_stats(dsn: str, app_name: str | None = None) -> dict[str, float]:
     """Counters of the bench database; waits briefly for pgbench's backends to exit first
     (a backend reports its statistics when it exits)."""
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+    with connect_target(dsn, autocommit=True, connect_timeout=10) as conn:
         if app_name:
             deadline = time.monotonic() + 2.0
             while time.monotonic() < deadline:
@@ -501,16 +508,29 @@ def _pump(stream: IO[str], name: str, q: queue.Queue[tuple[str, str | None]]) ->
     q.put((name, None))
 
 
-def _error_text(stderr_lines: list[str], returncode: int, program: str = "pgbench") -> str:
+def _connection_line(line: str, dsn: str) -> str:
+    """A failed connection's line, without what the far end sent (a banner's first byte
+    would tell a port scanner what listens there): app/postgres/connect.py."""
+    if "connection to server" not in line and "connection failed" not in line:
+        return line
+    head, sep, _ = line.partition("error:")
+    return (f"{head}{sep} " if sep else "") + describe_line(line, dsn)
+
+
+def _error_text(
+    stderr_lines: list[str], returncode: int, program: str = "pgbench", dsn: str = ""
+) -> str:
     keys = ("error", "fatal", "FATAL", "ERROR", "abort", "could not", "connection")
     # pgbench's own lines only, each bounded: a server message's further lines (a quoted
     # file, COPY's CONTEXT) are a script's way to carry data out (app/postgres/errors.py)
     picked = [
-        bounded(ln.strip())
+        bounded(_connection_line(ln.strip(), dsn))
         for ln in stderr_lines
         if ln.startswith(f"{program}:") and any(k in ln for k in keys)
     ]
-    lines = picked[-6:] or [bounded(ln) for ln in stderr_lines[-3:] if ln.strip()]
+    lines = picked[-6:] or [
+        bounded(_connection_line(ln, dsn)) for ln in stderr_lines[-3:] if ln.strip()
+    ]
     detail = "; ".join(dict.fromkeys(lines)) or "no message"
     if returncode < 0:  # Popen's convention: killed by signal -returncode
         try:
@@ -553,9 +573,11 @@ def run_bench(
         return BenchResult.failure(str(exc), fatal=True)
     try:
         env = libpq_env(dsn)
-    except psycopg.Error as exc:
+    except psycopg.Error as exc:  # the DSN's check (app/postgres/connect.py)
         return BenchResult.failure(
-            f"invalid connection string {mask_dsn(dsn)}: {scrub(str(exc), dsn)}"
+            f"cannot connect to {mask_dsn(dsn)}: {scrub(str(exc), dsn)}",
+            # what the DSN says, not the moment: no later run would do better
+            fatal=isinstance(exc, DsnRefused | DestinationRefused),
         )
     except privilege.PrivilegeError as exc:
         return BenchResult.failure(str(exc), fatal=True)
@@ -834,7 +856,7 @@ def _run(
     elif timed_out:
         error = f"{program} did not finish within {limit:.0f} s and was killed"
     elif returncode != 0:
-        error = scrub(_error_text(stderr_lines, returncode, program), dsn)
+        error = scrub(_error_text(stderr_lines, returncode, program, dsn), dsn)
     elif not progress and spec.duration_s >= 3:
         # -P 1 prints a line a second: a run this long without one is not output we can read.
         said = "; ".join(ln.strip() for ln in (stderr_lines + stdout_lines)[:3] if ln.strip())
@@ -896,7 +918,7 @@ def _read_logs(rundir: Path) -> TxLog:
 # -- data ------------------------------------------------------------------------
 def _has_data(dsn: str, scale: int) -> bool:
     try:
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        with connect_target(dsn, autocommit=True, connect_timeout=10) as conn:
             row = conn.execute(
                 "SELECT to_regclass('pgbench_accounts') IS NOT NULL"
                 " AND to_regclass('pgbench_tellers') IS NOT NULL"
@@ -950,7 +972,9 @@ def init_data(
         raise PgbenchError(f"pgbench -i -s {scale} did not finish within {timeout_s} s") from None
     except privilege.PrivilegeError as exc:
         raise PgbenchError(str(exc)) from None
+    except psycopg.Error as exc:  # the DSN's check (app/postgres/connect.py)
+        raise PgbenchError(f"cannot connect to {mask_dsn(dsn)}: {scrub(str(exc), dsn)}") from None
     if res.returncode != 0:
-        detail = _error_text(res.stderr.splitlines(), res.returncode)
+        detail = _error_text(res.stderr.splitlines(), res.returncode, dsn=dsn)
         raise PgbenchError(scrub(f"pgbench -i -s {scale} failed: {detail}", dsn))
     return True

@@ -615,9 +615,9 @@ class Sandbox:
 
     def set_password(self, password: str) -> None:
         """Give the superuser another password (the server is running); ``dsn`` follows."""
-        import psycopg
+        from app.postgres.connect import connect_target
 
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
+        with connect_target(self.dsn, autocommit=True) as conn:
             conn.execute(f"ALTER ROLE {SUPERUSER} PASSWORD '{scram_verifier(password)}'")
         self.password = password
 

@@ -29,6 +29,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from app.postgres import cgroups, safefile
+from app.postgres.connect import connect_target
 from app.postgres.dsn import is_local, mask_dsn, password_of, scrub
 from app.postgres.errors import primary_message
 from app.postgres.privilege import PrivilegeError as PrivilegeError_
@@ -347,7 +348,7 @@ class TargetController:
             # libpq treats values below 2 as 2.
             kwargs["connect_timeout"] = max(2, int(timeout_s or self.connect_timeout_s))
         try:
-            return psycopg.connect(self.dsn, **kwargs)
+            return connect_target(self.dsn, **kwargs)
         except psycopg.Error as exc:
             raise ConnectError(
                 f"cannot connect to {mask_dsn(self.dsn)}: {scrub(str(exc).strip(), self.dsn)}"

@@ -41,6 +41,7 @@ from app.captures import store
 from app.captures import summary as summaries
 from app.db import Database, utcnow
 from app.models import Capture, Target
+from app.postgres.connect import connect_target
 from app.postgres.dsn import scrub
 from app.postgres.serverlog import (
     CAPTURE_SETTINGS,
@@ -441,7 +442,7 @@ class CaptureRunner:
 @contextlib.contextmanager
 def _connect(dsn: str) -> Iterator[Conn]:
     try:
-        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+        conn = connect_target(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
     except psycopg.Error as exc:
         raise CaptureFailed(f"cannot connect to the target: {_said(exc, dsn)}") from None
     with conn:

@@ -57,6 +57,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+import psycopg
 from pydantic import ValidationError
 
 from app.db import Database, utcnow
@@ -64,6 +65,7 @@ from app.models import Target, Trial, TuningSession
 from app.postgres.benchlock import HostBenchLock, lock_for
 from app.postgres.cgroups import smaller
 from app.postgres.dsn import scrub
+from app.postgres.roles import WorkloadRoleError, cannot_check, check_workload_role
 from app.postgres.target import PoolFill, Snapshot, TargetError
 from app.runs.heartbeat import Cancelled, Heartbeat, LeaseLost
 from app.runs.recovery import SessionTarget, TargetRecovery
@@ -76,6 +78,7 @@ from app.sweeps.service import session_notes
 from app.targets.service import controller
 from app.tuning import rows_to_json, session_optimizer
 from app.workloads import workload_for
+from app.workloads.base import WorkloadError
 from optimizer.catalogue import CATALOGUE
 from optimizer.descent import Candidate, CoordinateDescent
 from optimizer.guard import MEMORY_SETTINGS
@@ -157,6 +160,13 @@ class RunEnv:
 
 class _WorkloadExecutor(TrialExecutor):
     def prepare(self) -> str | None:
+        # never as a role that reaches the server's host, checked again before each run
+        # (a role may be granted more after registration): app/postgres/roles.py
+        try:
+            check_workload_role(self.dsn)
+        except (WorkloadRoleError, psycopg.Error) as exc:
+            said = str(exc) if isinstance(exc, WorkloadRoleError) else cannot_check(self.dsn, exc)
+            raise WorkloadError(said) from None
         # WorkloadError fails the session with its message (it says what to change)
         return self.workload.prepare(self.dsn)
 

@@ -35,8 +35,10 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from app.postgres.benchlock import HostBenchLock, maybe_turn
+from app.postgres.connect import connect_target, current
 from app.postgres.dsn import is_local, mask_dsn, scrub
 from app.postgres.pgbench import BenchResult, BenchSpec, PgbenchError, init_data, run_bench
+from app.postgres.roles import privileges, refusal
 from app.schemas import SweepIn
 from optimizer.sweep import (
     ConnectionCost,
@@ -109,16 +111,21 @@ def cpu_visibility(dsn: str) -> tuple[bool, str]:
 def server_facts(dsn: str) -> dict[str, int]:
     """max_connections and the connections reserved for superusers (and roles, PG 16+)."""
     try:
-        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        with connect_target(dsn, autocommit=True, connect_timeout=10) as conn:
             row = conn.execute(
                 "SELECT current_setting('max_connections')::int,"
                 " current_setting('superuser_reserved_connections')::int,"
                 " coalesce(current_setting('reserved_connections', true), '0')::int"
             ).fetchone()
+            # a sweep runs the client's scripts: never as a role that reaches the
+            # server's host (app/postgres/roles.py), checked before each sweep
+            user, unfit = privileges(conn)
     except psycopg.Error as exc:
         raise SweepError(
             f"cannot connect to {mask_dsn(dsn)}: {scrub(str(exc).strip(), dsn)}"
         ) from None
+    if unfit and not current().operator:
+        raise SweepError(refusal(user, unfit))
     assert row is not None
     return {"max_connections": row[0], "reserved": row[1] + row[2]}
 

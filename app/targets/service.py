@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 from sqlalchemy import delete, select, text
 from sqlalchemy.exc import IntegrityError
 
@@ -17,9 +18,27 @@ from app.db import Database, utcnow
 from app.errors import ServiceError, to_id
 from app.models import Schedule, Target, TuningSession
 from app.postgres.cgroups import CgroupUnavailable
-from app.postgres.dsn import check_client_dsn, remember
+from app.postgres.connect import (
+    Policy,
+    check_destinations,
+    connect_target,
+    forget_sandbox,
+    own_sandbox,
+    own_sandbox_of,
+    parse,
+    policy_for,
+)
+from app.postgres.dsn import remember
 from app.postgres.restart import SANDBOX_METHOD, PgCtlMethod, RestartMethod
-from app.postgres.sandbox import PostgresNotInstalled, Sandbox, SandboxError, drop_cgroup
+from app.postgres.roles import WorkloadRoleError, check_workload_role
+from app.postgres.sandbox import (
+    BENCH_DB,
+    BENCH_ROLE,
+    PostgresNotInstalled,
+    Sandbox,
+    SandboxError,
+    drop_cgroup,
+)
 from app.postgres.target import (
     ConnectError,
     Probe,
@@ -76,6 +95,7 @@ def create_target(db: Database, settings: Settings, body: TargetIn) -> Target:
     if body.restart_command is not None:
         raise _refuse_restart_command(settings)
     sandbox: Sandbox | None = None
+    policy = policy_for(settings)
     dsn, data_dir = body.dsn or "", body.data_dir
     bench_dsn: str | None = None
     method_name = body.restart_method
@@ -99,10 +119,18 @@ def create_target(db: Database, settings: Settings, body: TargetIn) -> Target:
         dsn, bench_dsn, data_dir = sandbox.dsn, sandbox.bench_dsn, str(sandbox.data_dir)
         method, method_name, trusted_dir = sandbox.restart_method, SANDBOX_METHOD, True
     else:
-        try:
-            check_client_dsn(dsn)
-        except ValueError as exc:
-            raise ServiceError(422, str(exc)) from None
+        # What the DSN may say and where it may lead, before anything connects
+        # (app/postgres/connect.py); the same for the workload's DSN.
+        for what, given in (("", dsn), ("workload_dsn: ", body.workload_dsn)):
+            if given is not None:
+                try:
+                    check_destinations(given, policy)
+                except psycopg.Error as exc:  # DsnRefused, DestinationRefused, ConnectFailed
+                    raise ServiceError(422, f"{what}{exc}") from None
+        own = own_sandbox_of(dsn)
+        # A sandbox this process made (a test's, the demo's): its benchmark role runs the
+        # workload, as for the sandboxes the service makes.
+        bench_dsn = body.workload_dsn or (_sandbox_workload(own, dsn) if own else None)
         if method_name is not None:
             method = _restart_method(settings, method_name)
             if isinstance(method, PgCtlMethod) and data_dir in (None, method.data_dir):
@@ -133,6 +161,7 @@ def create_target(db: Database, settings: Settings, body: TargetIn) -> Target:
                 "service cannot read it); give the right one or omit data_dir",
             )
         _check_declared(body, probe)
+        _check_workload(ctl, bench_dsn or dsn, same_as=bench_dsn is not None, policy=policy)
         ram = body.ram_bytes or probe.ram_bytes
         cpus = body.cpus or probe.cpus
         if not ram or not cpus:
@@ -166,6 +195,7 @@ def create_target(db: Database, settings: Settings, body: TargetIn) -> Target:
         with db.session() as s:
             s.add(target)
         if sandbox is not None:
+            own_sandbox(sandbox.dsn)  # its socket and port: always a destination
             sandbox.keep()  # the service starts and stops it from now on
         return target
     except ConnectError as exc:
@@ -185,6 +215,51 @@ def create_target(db: Database, settings: Settings, body: TargetIn) -> Target:
     except BaseException:
         _drop_sandbox(sandbox)
         raise
+
+
+def _sandbox_workload(own: Sandbox, dsn: str) -> str:
+    """The benchmark role's DSN for a sandbox's superuser DSN: in the DSN's database when
+    the role owns it (a copy made for it), else in its own (knobtune)."""
+    dbname = parse(dsn).get("dbname")
+    if not dbname or dbname == BENCH_DB:
+        return own.bench_dsn
+    try:
+        with connect_target(dsn, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute(
+                "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = %s", [dbname]
+            ).fetchone()
+    except psycopg.Error:
+        return own.bench_dsn  # the registration's own connection says what is wrong
+    if row is not None and row[0] == BENCH_ROLE:
+        return make_conninfo(own.bench_dsn, dbname=dbname)
+    return own.bench_dsn
+
+
+_SAME_SERVER_SQL = "SELECT pg_postmaster_start_time()::text, current_setting('port')"
+
+
+def _check_workload(ctl: TargetController, wl_dsn: str, *, same_as: bool, policy: Policy) -> None:
+    """422 unless the workload's role is least-privileged (app/postgres/roles.py) and,
+    when it has a DSN of its own, on the target's server."""
+    try:
+        check_workload_role(wl_dsn, policy=policy)
+        if same_as:
+            with connect_target(wl_dsn, autocommit=True, connect_timeout=10, policy=policy) as conn:
+                theirs = conn.execute(_SAME_SERVER_SQL).fetchone()
+            with connect_target(
+                ctl.dsn, autocommit=True, connect_timeout=10, policy=policy
+            ) as conn:
+                ours = conn.execute(_SAME_SERVER_SQL).fetchone()
+            if theirs != ours:
+                raise ServiceError(
+                    422,
+                    "workload_dsn reaches another server than dsn (another start time or "
+                    "port): give a DSN of the same server",
+                )
+    except WorkloadRoleError as exc:
+        raise ServiceError(422, str(exc)) from None
+    except psycopg.Error as exc:
+        raise ServiceError(422, f"cannot connect to the workload's DSN: {exc}") from None
 
 
 def _check_declared(body: TargetIn, probe: Probe) -> None:
@@ -310,6 +385,11 @@ def target_out(db: Database, target: Target, settings: Settings | None = None) -
         busy_session_id=held.id if held and held.kind == "session" else None,
         created_at=target.created_at,
         retired_at=target.retired_at,
+        workload_dsn=(
+            mask_dsn(target.bench_dsn)
+            if target.bench_dsn and target.bench_dsn != vault.UNREADABLE
+            else None
+        ),
     )
 
 
@@ -350,6 +430,8 @@ def delete_target(db: Database, target_id: int, history: HistoryChoice | None = 
                 about={"target_id": t.id},
             )
         sandbox_dir = t.sandbox_dir
+        if sandbox_dir:
+            forget_sandbox(t.dsn)  # its socket directory is no destination any more
         if sessions and history == "keep":
             t.retired_at = utcnow()
             # The name is free for a new target; the suffix keeps it unique and readable.
@@ -373,6 +455,18 @@ def _destroy_sandbox_dir(root: Path) -> None:
         log.warning("could not stop sandbox %s cleanly; removing its files", root)
         shutil.rmtree(root, ignore_errors=True)
     drop_cgroup(root)  # also when its files were gone: the cgroup goes with the sandbox
+
+
+def remember_sandboxes(db: Database) -> int:
+    """Make the managed sandboxes' sockets destinations of this process (at its start,
+    before anything connects): app/postgres/connect.py allows them, whatever
+    KNOBTUNE_TARGET_HOSTS says. Their DSNs come from the metadata DB."""
+    found = 0
+    for t in list_targets(db):
+        if t.sandbox_dir and t.dsn != vault.UNREADABLE:
+            own_sandbox(t.dsn)
+            found += 1
+    return found
 
 
 def seal_stored_secrets(db: Database) -> int:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from app.postgres.connect import connect_target
 from app.postgres.dsn import scrub
 from app.workloads.base import Isolation, Script, Stream, WorkloadError, in_turn_script
 from app.workloads.tpcc import Tpcc, loaded_warehouses, vacuum_analyze
@@ -233,7 +234,7 @@ class Chbench:
         """TPC-C's data (loaded or re-used), then the CH tables unless already there."""
         note = f"CH-benCHmark: {self._tpcc().prepare(dsn)}"
         t0 = time.monotonic()
-        with psycopg.connect(dsn, connect_timeout=10) as conn:
+        with connect_target(dsn, connect_timeout=10) as conn:
             try:
                 # TPC-C's reload drops the CH tables and this marker with them
                 if loaded_warehouses(conn, MARKER) == self.warehouses:

@@ -56,6 +56,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from app.captures.logparse import LogFormatError, ParsedLog, parse_log, plan_bytes, window
+from app.postgres.connect import connect_target
 from app.postgres.dsn import scrub
 from app.replay.plan import REPLAY_DATABASE, ReplayRun
 from app.workloads.base import Isolation, Script, Stream, WorkloadError
@@ -325,7 +326,7 @@ def _admin(dsn: str, *, avoid: tuple[str, ...]) -> psycopg.Connection[Any]:
             continue
         tried.append(str(name))
         try:
-            conn = psycopg.connect(
+            conn = connect_target(
                 make_conninfo(dsn, dbname=str(name)), autocommit=True, connect_timeout=10
             )
         except psycopg.OperationalError as exc:
@@ -349,7 +350,7 @@ def _without_statistics(dsn: str) -> list[str]:
     the role may read count (it cannot see the others' statistics). A check only: []
     when it cannot be made."""
     try:
-        with psycopg.connect(
+        with connect_target(
             make_conninfo(dsn, dbname=REPLAY_DATABASE), autocommit=True, connect_timeout=10
         ) as conn:
             rows = conn.execute(

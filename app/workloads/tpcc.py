@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from app.postgres.connect import connect_target
 from app.postgres.dsn import mask_dsn, scrub
 from app.workloads.base import Isolation, Script, Stream, WorkloadError
 
@@ -488,7 +489,7 @@ def tpm_c(new_orders: int, seconds: float) -> float:
 
 def _connect(dsn: str) -> psycopg.Connection[tuple[object, ...]]:
     try:
-        return psycopg.connect(dsn, connect_timeout=10)
+        return connect_target(dsn, connect_timeout=10)
     except psycopg.Error as exc:
         raise WorkloadError(
             f"cannot connect to {mask_dsn(dsn)} to prepare the data: {scrub(str(exc), dsn)}"
@@ -505,7 +506,7 @@ def loaded_warehouses(conn: psycopg.Connection[tuple[object, ...]], marker: str)
 
 
 def vacuum_analyze(dsn: str, tables: tuple[str, ...], *, analyze: bool = True) -> None:
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+    with connect_target(dsn, autocommit=True, connect_timeout=10) as conn:
         for t in tables:
             conn.execute(f"VACUUM {'ANALYZE ' if analyze else ''}{t}")
 
@@ -575,7 +576,7 @@ class Tpcc:
 
     @staticmethod
     def _rows(dsn: str) -> int:
-        with psycopg.connect(dsn, connect_timeout=10) as conn:
+        with connect_target(dsn, connect_timeout=10) as conn:
             row = conn.execute(
                 "SELECT sum(n_live_tup)::bigint FROM pg_stat_user_tables WHERE relname = ANY(%s)",
                 (list(TABLES),),
@@ -594,7 +595,7 @@ class Tpcc:
         stock quantities stay as the runs left them: they change no table's size or plan.
         """
         try:
-            with psycopg.connect(dsn, connect_timeout=10) as conn:
+            with connect_target(dsn, connect_timeout=10) as conn:
                 conn.execute(RESET)
             vacuum_analyze(dsn, TABLES, analyze=False)
         except psycopg.Error as exc:

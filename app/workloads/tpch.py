@@ -68,6 +68,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql as pgsql
 
+from app.postgres.connect import connect_target
 from app.postgres.dsn import mask_dsn, scrub
 from app.workloads.base import Script, Stream, WorkloadError, in_turn_script
 from app.workloads.tpch_queries import DUCKDB_QUERIES
@@ -277,7 +278,7 @@ class Tpch:
 
     def prepare(self, dsn: str) -> str | None:
         try:
-            conn = psycopg.connect(dsn, autocommit=True)
+            conn = connect_target(dsn, autocommit=True)
         except psycopg.Error as exc:
             raise WorkloadError(
                 f"cannot connect to {mask_dsn(dsn)}: {scrub(str(exc), dsn)}"

@@ -36,11 +36,6 @@ UNTYPED = (
 def sandbox() -> Iterator[Sandbox]:
     with Sandbox.create() as sb:
         with psycopg.connect(sb.dsn, autocommit=True) as conn:
-            conn.execute("CREATE TABLE lineitem (l_shipdate date, qty int)")
-            conn.execute(
-                "INSERT INTO lineitem SELECT date '1998-01-01' + i, i "
-                "FROM generate_series(1, 500) i"
-            )
             conn.execute("CREATE TABLE secret (a int)")
             # A tuner that may ALTER SYSTEM but not read the table a script needs.
             conn.execute(f"CREATE ROLE tuner LOGIN PASSWORD '{sb.password}'")
@@ -51,6 +46,13 @@ def sandbox() -> Iterator[Sandbox]:
                 )
             ]
             conn.execute(f"GRANT ALTER SYSTEM ON PARAMETER {', '.join(names)} TO tuner")
+        # where the superuser's targets run their workload: the benchmark role's database
+        with psycopg.connect(sb.bench_dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE lineitem (l_shipdate date, qty int)")
+            conn.execute(
+                "INSERT INTO lineitem SELECT date '1998-01-01' + i, i "
+                "FROM generate_series(1, 500) i"
+            )
             conn.execute("GRANT SELECT ON lineitem TO tuner")
         yield sb
 

@@ -33,6 +33,7 @@ def test_sigkill_during_benchmark_then_resume(service: ServiceProcess) -> None:
             json={
                 "name": "crash",
                 "dsn": sandbox.dsn,
+                "workload_dsn": sandbox.bench_dsn,  # not a superuser (issue 40)
                 "data_dir": str(sandbox.data_dir),
             },
         ).json()

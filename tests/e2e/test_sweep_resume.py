@@ -52,7 +52,8 @@ def test_sigkill_mid_sweep_then_the_sweep_is_resumed_and_finished(
     db = Database(f"sqlite:///{tmp_path / 'meta.db'}")
     with Sandbox.create() as sandbox:
         api = httpx.Client(base_url=service.url, timeout=30)
-        target = api.post("/api/v1/targets", json={"name": "sweep", "dsn": sandbox.dsn}).json()
+        body = {"name": "sweep", "dsn": sandbox.dsn, "workload_dsn": sandbox.bench_dsn}
+        target = api.post("/api/v1/targets", json=body).json()
         r = api.post(
             f"/api/v1/targets/{target['id']}/sweeps",
             json={

@@ -96,7 +96,10 @@ def test_connects_to_a_target_that_never_answers_leave_reads_free(tmp_path: Path
     silent.listen(1)  # never accept()ed: a connect waits for the server's first word
     dead_port = silent.getsockname()[1]
     settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'm.db'}", work_dir=tmp_path, run_scheduler=False
+        database_url=f"sqlite:///{tmp_path / 'm.db'}",
+        work_dir=tmp_path,
+        run_scheduler=False,
+        target_hosts=["*", "127.0.0.1/32"],  # the silent port is on loopback (issue 40)
     )
     port = free_port()
     server = uvicorn.Server(

@@ -53,8 +53,9 @@ def sandbox_factory_module() -> Iterator[Callable[[], Sandbox]]:
 @pytest.fixture(scope="module")
 def loot(sandbox: Sandbox) -> None:
     """Text the target's user can read, as the service's metadata DB was read from a
-    sandbox (pg_read_binary_file): another target's password, a DSN."""
-    with psycopg.connect(sandbox.dsn, autocommit=True) as conn:
+    sandbox (pg_read_binary_file): another target's password, a DSN. In the benchmark
+    database, where the workload runs (as knobtune_bench: issue 40)."""
+    with psycopg.connect(sandbox.bench_dsn, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS loot")
         conn.execute("CREATE TABLE loot (id int, t text)")
         conn.execute(

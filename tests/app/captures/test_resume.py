@@ -49,7 +49,8 @@ def test_sigkill_mid_capture_then_the_next_process_restores_and_collects(
     try:
         before = server_state(sb)
         api = httpx.Client(base_url=service.url, timeout=30)
-        target = api.post("/api/v1/targets", json={"name": "killed", "dsn": sb.dsn}).json()
+        body = {"name": "killed", "dsn": sb.dsn, "workload_dsn": sb.bench_dsn}
+        target = api.post("/api/v1/targets", json=body).json()
         r = api.post(
             "/api/v1/captures",
             json={

@@ -333,7 +333,8 @@ def test_a_failing_point_is_recorded_and_the_sweep_goes_on(
         builtin="select-only", scale=1, clients=[1, 2, 4], duration_s=2, warmup_s=1,
         connect_cost=False,
     )  # fmt: skip
-    res = measure(sandbox.dsn, body, workdir=tmp_path / "w")
+    # as the benchmark role: a sweep never runs as a superuser (issue 40)
+    res = measure(sandbox.bench_dsn, body, workdir=tmp_path / "w")
     failed = [r for r in res["runs"] if r["clients"] == 2]
     assert len(failed) == 2
     assert all("injected failure at 2 clients" in (r["error"] or "") for r in failed)
@@ -353,4 +354,4 @@ def test_a_resume_whose_plan_no_longer_fits_the_stored_runs_fails_saying_why(
     its plan; otherwise it fails with the reason, before any pgbench run."""
     body = SweepIn(builtin="select-only", scale=1, clients=[1, 2], duration_s=2, warmup_s=1)
     with pytest.raises(SweepError, match="cannot resume: the 1 stored runs are not the start"):
-        measure(sandbox.dsn, body, workdir=tmp_path / "w", done=[{"clients": 64}])
+        measure(sandbox.bench_dsn, body, workdir=tmp_path / "w", done=[{"clients": 64}])

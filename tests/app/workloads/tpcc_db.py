@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from app.postgres.sandbox import Sandbox
+from app.postgres.sandbox import BENCH_DB, BENCH_ROLE, Sandbox
 from app.workloads.chbench import Chbench
 
 TEMPLATE = "knobtune_ch_template"
@@ -23,14 +23,20 @@ def _dsn(sandbox: Sandbox, db: str) -> str:
     return sandbox.dsn.replace("dbname=postgres", f"dbname={db}")
 
 
+def _bench_dsn(sandbox: Sandbox, db: str) -> str:
+    return sandbox.bench_dsn.replace(f"dbname={BENCH_DB}", f"dbname={db}")
+
+
 @pytest.fixture(scope="session", name="ch_template")
 def ch_template_fixture(sandbox: Sandbox) -> Iterator[str]:
     """The note of the session's one load (imported by several modules: loads once)."""
     if sandbox.dsn not in _notes:
         with psycopg.connect(sandbox.dsn, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE}")
-            conn.execute(f"CREATE DATABASE {TEMPLATE}")
-        _notes[sandbox.dsn] = Chbench().prepare(_dsn(sandbox, TEMPLATE)) or ""
+            # the benchmark role's, as a workload's data is (a session on a copy runs as
+            # that role: issue 40)
+            conn.execute(f"CREATE DATABASE {TEMPLATE} OWNER {BENCH_ROLE}")
+        _notes[sandbox.dsn] = Chbench().prepare(_bench_dsn(sandbox, TEMPLATE)) or ""
     yield _notes[sandbox.dsn]
     with psycopg.connect(sandbox.dsn, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
@@ -40,7 +46,7 @@ def copy_of_template(sandbox: Sandbox, db: str) -> Iterator[str]:
     """A fresh copy of the loaded template named ``db``, dropped afterwards."""
     with psycopg.connect(sandbox.dsn, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {db}")
-        conn.execute(f"CREATE DATABASE {db} TEMPLATE {TEMPLATE}")
+        conn.execute(f"CREATE DATABASE {db} TEMPLATE {TEMPLATE} OWNER {BENCH_ROLE}")
     yield _dsn(sandbox, db)
     with psycopg.connect(sandbox.dsn, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
