@@ -32,6 +32,7 @@ from app.postgres import cgroups, safefile
 from app.postgres.connect import connect_target
 from app.postgres.dsn import is_local, mask_dsn, password_of, scrub
 from app.postgres.errors import primary_message
+from app.postgres.memory import MemoryMeter
 from app.postgres.privilege import PrivilegeError as PrivilegeError_
 from app.postgres.restart import RestartFailed, RestartMethod
 from app.postgres.restart import run as run_restart
@@ -508,6 +509,19 @@ class TargetController:
             if comm in ("postgres", "postmaster"):
                 return pid
         return None
+
+    def memory_meter(self) -> MemoryMeter | None:
+        """A reader of this server's memory while it runs (app/postgres/memory.py), or None
+        for a server on another host (or in another PID namespace)."""
+        if not self.local:
+            return None
+
+        def find() -> int | None:
+            with self._connect() as conn:
+                return self._postmaster_pid(conn)
+
+        meter = MemoryMeter(find)
+        return meter if meter.read() is not None else None
 
     def server_id(self) -> str | None:
         """The server's identity (:func:`server_identity`), read now."""
