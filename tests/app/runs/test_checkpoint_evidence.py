@@ -61,7 +61,7 @@ def _session(db: Database, duration_s: int, **body: Any) -> int:
     s = oltp_surface()
     wl = {"builtin": "tpcb-like", "scale": 1, "clients": 2, "duration_s": duration_s,
           "warmup_s": 2}  # fmt: skip
-    body = {"knobs": ["max_wal_size", "shared_buffers"], "hints": False, "max_trials": 36,
+    body = {"knobs": ["max_wal_size", "shared_buffers"], "hints": False, "max_trials": 60,
             "seed": 4, **body}  # fmt: skip
     return add_session(db, add_target(db, s), {"workload": wl, **body})
 

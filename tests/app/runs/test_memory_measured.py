@@ -20,11 +20,15 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
+from app.db import Database
+from app.models import Target
 from app.postgres.cgroups import CgroupUnavailable, Limits
 from app.postgres.sandbox import Sandbox
 from app.postgres.target import TargetController
 from app.runs.trial import TrialExecutor
 from app.schemas import WorkloadIn
+from app.settings import Settings
+from app.targets.access import controller_for
 from app.workloads import workload_for
 from optimizer.descent import Candidate
 from tests.helpers import wait_done
@@ -150,3 +154,19 @@ def test_a_small_server_gets_a_pool_well_past_a_quarter_of_its_memory(client: Te
     assert second["error"] is None
     assert second["samples"]["n"] > 0
     assert "apply_s" in second["timings"]
+    # the refused value is never asked for again, nor recommended; the server is put back
+    assert all(t["value"] != "288MB" for t in cands[1:])
+    assert final["best_config"]["shared_buffers"] != "288MB"
+    assert [t["index"] for t in trials] == list(range(1, len(trials) + 1))
+    assert shared_buffers_now(client, final["target_id"]) == "128MB"
+
+
+def shared_buffers_now(client: TestClient, target_id: int) -> str:
+    """The managed sandbox's shared_buffers as its server reports it (its controller)."""
+    db: Database = client.app.state.db  # type: ignore[attr-defined]
+    settings: Settings = client.app.state.settings  # type: ignore[attr-defined]
+    with db.session() as s:
+        row = s.get(Target, target_id)
+        assert row is not None
+        ctl = controller_for(row, settings)
+    return ctl.snapshot(["shared_buffers"]).effective["shared_buffers"]
