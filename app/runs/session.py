@@ -62,6 +62,7 @@ from pydantic import ValidationError
 
 from app.db import Database, utcnow
 from app.models import Target, Trial, TuningSession
+from app.postgres import overrides
 from app.postgres.benchlock import HostBenchLock, lock_for
 from app.postgres.cgroups import smaller
 from app.postgres.dsn import scrub
@@ -79,6 +80,7 @@ from app.targets.service import controller
 from app.tuning import rows_to_json, session_optimizer
 from app.workloads import workload_for
 from app.workloads.base import WorkloadError
+from app.workloads.replay import Replay
 from optimizer.catalogue import CATALOGUE
 from optimizer.descent import Candidate, CoordinateDescent
 from optimizer.guard import MEMORY_SETTINGS
@@ -125,6 +127,10 @@ class ExecutorArgs:
     scrub: Callable[[str], str]
     local: bool
     bench_lock: HostBenchLock | None = None
+    knobs: tuple[str, ...] = ()  # the tuned knobs: none may be overridden for the workload
+    # a sandbox's superuser DSN: knobtune's own statements on its own cluster (removing
+    # overrides of the tuned knobs, a replay's copies); None on a client's server
+    admin_dsn: str | None = None
 
 
 class RunEnv:
@@ -139,7 +145,9 @@ class RunEnv:
     def executor(self, target: SessionTarget, wl: WorkloadIn, args: ExecutorArgs) -> Executor:
         # an int by now: clients "auto" was resolved before
         workload = workload_for(wl, clients=int(wl.clients))
-        return _WorkloadExecutor(
+        if args.admin_dsn is not None and isinstance(workload, Replay):
+            workload.admin_dsn = args.admin_dsn  # its benchmark role may not copy databases
+        executor = _WorkloadExecutor(
             target,
             args.dsn,
             workload,
@@ -156,9 +164,27 @@ class RunEnv:
             local=args.local,
             bench_lock=args.bench_lock,
         )
+        executor.knobs, executor.admin_dsn = args.knobs, args.admin_dsn
+        return executor
 
 
 class _WorkloadExecutor(TrialExecutor):
+    knobs: tuple[str, ...] = ()
+    admin_dsn: str | None = None
+
+    def _overrides(self) -> str | None:
+        """Tuned knobs set per database or role for the workload (app/postgres/overrides.py):
+        a client's server refuses the session; knobtune's own sandbox removes them (a note)."""
+        try:
+            found = overrides.check(self.dsn, self.knobs)
+        except psycopg.Error as exc:
+            raise WorkloadError(f"cannot check the workload's settings: {exc}") from None
+        if not found:
+            return None
+        if self.admin_dsn is None:
+            raise WorkloadError(overrides.refusal(found))
+        return overrides.clear(self.admin_dsn, found)
+
     def prepare(self) -> str | None:
         # never as a role that reaches the server's host, checked again before each run
         # (a role may be granted more after registration): app/postgres/roles.py
@@ -168,7 +194,8 @@ class _WorkloadExecutor(TrialExecutor):
             said = str(exc) if isinstance(exc, WorkloadRoleError) else cannot_check(self.dsn, exc)
             raise WorkloadError(said) from None
         # WorkloadError fails the session with its message (it says what to change)
-        return self.workload.prepare(self.dsn)
+        notes = [self._overrides(), self.workload.prepare(self.dsn)]
+        return "; ".join(n for n in notes if n) or None
 
 
 @dataclass
@@ -193,6 +220,7 @@ class Loaded:
     resumed: bool
     refused: str | None = None
     noted: bool = False  # an earlier attempt wrote notes
+    admin_dsn: str | None = None  # a sandbox's superuser (ExecutorArgs.admin_dsn)
 
 
 class SessionRunner:
@@ -265,6 +293,7 @@ class SessionRunner:
                 applied=dict(sess.applied or {}),
                 resumed=sess.attempts > 0,
                 noted=bool(sess.notes),
+                admin_dsn=target.dsn if target.sandbox_dir else None,
             )
             ctl = self.env.target(target, self.settings)
         return loaded, ctl
@@ -423,6 +452,8 @@ class SessionRunner:
                 scrub=self._safe,
                 local=ctl.local,  # the host's load is ours to see only for a local target
                 bench_lock=bench_lock(self.settings, self.dsn, f"session {self.session_id}"),
+                knobs=tuple(k.name for k in opt.space),
+                admin_dsn=loaded.admin_dsn,
             ),
         )
         for trial in done:

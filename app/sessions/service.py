@@ -6,6 +6,7 @@ import secrets
 import statistics
 from typing import Any
 
+import psycopg
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
@@ -13,6 +14,7 @@ from app.db import Database, utcnow
 from app.errors import ServiceError, to_id
 from app.evidence import figures, io_line, per_label, per_stream, streams_from_json
 from app.models import Target, Trial, TuningSession
+from app.postgres import overrides
 from app.preflight import PreflightError, check_workload
 from app.runs.heartbeat import request_cancel
 from app.schemas import Progress, SessionIn, SessionOut, TrialOut
@@ -27,9 +29,11 @@ from app.tuning import (
     gain_text,
     hardware_from,
     rows_from_json,
+    workload_kind,
 )
 from app.workloads import workload_for
 from app.workloads.base import WorkloadError
+from optimizer.catalogue import default_knobs
 
 
 def validate_session(target: Target, body: SessionIn) -> None:
@@ -47,6 +51,23 @@ def validate_session(target: Target, body: SessionIn) -> None:
         check_streams(body, [st.name for st in workload_for(body.workload).streams()])
     except (RequestError, WorkloadError) as exc:
         raise ServiceError(422, str(exc)) from exc
+
+
+def tuned_knobs(body: SessionIn) -> list[str]:
+    """The names of the knobs a request tunes (its own, or the workload's defaults)."""
+    entries = body.knobs or default_knobs(workload_kind(body))  # type: ignore[arg-type]
+    return [e if isinstance(e, str) else e.name for e in entries]
+
+
+def _no_overrides(dsn: str, body: SessionIn) -> None:
+    """422 when a tuned knob is set per database or role for the workload (or in its
+    DSN's options): ALTER SYSTEM would never reach its sessions (app/postgres/overrides.py)."""
+    try:
+        found = overrides.check(dsn, tuned_knobs(body))
+    except psycopg.Error:
+        return  # unreachable now: the session fails with its own message
+    if found:
+        raise ServiceError(422, overrides.refusal(found))
 
 
 def create_session(
@@ -77,6 +98,8 @@ def create_session(
         check_workload(dsn, body.workload, known_dsns=others)
     except PreflightError as exc:
         raise ServiceError(422, str(exc)) from exc
+    if not target.sandbox_dir:  # a sandbox's own are removed when the session starts
+        _no_overrides(dsn, body)
     sess = TuningSession(
         target_id=body.target_id,
         schedule_id=schedule_id,
