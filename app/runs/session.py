@@ -82,6 +82,7 @@ from app.workloads import workload_for
 from app.workloads.base import WorkloadError
 from app.workloads.replay import Replay
 from optimizer.catalogue import CATALOGUE
+from optimizer.checkpoints import CHECKPOINT_KNOBS, duration_text
 from optimizer.descent import Candidate, CoordinateDescent
 from optimizer.guard import MEMORY_SETTINGS
 from optimizer.knobs import Config
@@ -163,6 +164,7 @@ class RunEnv:
             scrub=args.scrub,
             local=args.local,
             bench_lock=args.bench_lock,
+            meter=target.memory_meter(),
         )
         executor.knobs, executor.admin_dsn = args.knobs, args.admin_dsn
         return executor
@@ -246,6 +248,7 @@ class SessionRunner:
         self._shifts_noted = 0
         self._aside_noted = 0  # checkpoint knobs set aside, noted
         self._orders_noted = 0  # the search orders the counters set (opt.orderings), noted
+        self._phases_noted = 0  # changes of run length (opt.phases), noted
         self._evidence_noted = False
 
     def _safe(self, text: str) -> str:
@@ -419,12 +422,13 @@ class SessionRunner:
             body, data, loaded.seed, can_restart=ctl.can_restart, no_restart=ctl.no_restart_reason
         )
         opt, start, notes, hw = built.optimizer, built.start, built.notes, built.hardware
-        notes = [*session_notes(self.db, self.session_id, body), *notes]
+        notes = [*session_notes(self.db, self.session_id, body), *notes, plan_text(opt)]
         done: list[Trial] = []  # successful stored runs: the performance guard's levels
         replayed = store.replay(opt, done.append)
         self._shifts_noted = len(opt.shifts)  # a resumed session noted these already
         self._aside_noted = len(opt.set_aside)
         self._orders_noted = len(opt.orderings)
+        self._phases_noted = len(opt.phases)
         self._evidence_noted = replayed > 0 and opt.evidence != "auto"  # noted before a crash
         # A resumed session keeps what its earlier attempt noted (the counts above skip
         # those notes; writing the start notes again erased them).
@@ -494,11 +498,14 @@ class SessionRunner:
                 break
             budget = p.body.time_budget_s
             elapsed = clock() - began
-            expected = statistics.median(trial_wall) if trial_wall else float(wl.duration_s)
             opt = p.optimizer
+            # a long run (checkpoint knobs) takes its extra seconds on top of a trial's wall
+            extra = opt.run_seconds_now - opt.settings.run_seconds
+            usual = statistics.median(trial_wall) if trial_wall else float(wl.duration_s)
+            expected = usual + extra
             if budget is not None and not opt.concluding:
                 # leave the time for the final check (all of it once something is kept)
-                reserve = opt.final_runs_left * statistics.fmean(trial_wall or [expected])
+                reserve = opt.final_runs_left * (statistics.fmean(trial_wall or [usual]) + extra)
                 if elapsed + expected + reserve > budget:
                     opt.conclude()
                     done = len(trial_wall)
@@ -516,7 +523,10 @@ class SessionRunner:
                 continue
             t0 = clock()
             if self._trial(p, cand):
-                trial_wall.append(clock() - t0)
+                wall = clock() - t0
+                if cand.run_s:  # counted as if its run had the session's own length
+                    wall -= cand.run_s - opt.settings.run_seconds
+                trial_wall.append(wall)
 
     def _trial(self, p: Prepared, cand: Candidate) -> bool:
         """One trial, stored before returning; False if it was rejected without a run.
@@ -612,6 +622,10 @@ class SessionRunner:
         for note in opt.orderings[self._orders_noted :]:
             self.store.note(note)
         self._orders_noted = len(opt.orderings)
+        # runs of another length (long runs for the checkpoint knobs), or why not
+        for note in opt.phases[self._phases_noted :]:
+            self.store.note(note)
+        self._phases_noted = len(opt.phases)
         # checkpoint knobs the runs cannot show (optimizer/checkpoints.py): never "no effect"
         for note in list(opt.set_aside.values())[self._aside_noted :]:
             self.store.note(note)
@@ -757,6 +771,28 @@ def final_check_text(opt: CoordinateDescent) -> str:
         f"{text}, {why}: recommending no change (the walk's best was {changed}; "
         "a longer session or longer runs may prove it)"
     )
+
+
+def plan_text(opt: CoordinateDescent) -> str:
+    """The session's plan, as its first notes say it: the knobs, the run lengths they are
+    judged on, and the budget."""
+    st = opt.settings
+    names = [k.name for k in opt.space]
+    long = [n for n in names if n in CHECKPOINT_KNOBS]
+    budget = (
+        f"; budget {duration_text(st.max_benchmark_s)} of runs"
+        if st.max_benchmark_s is not None
+        else ""
+    )
+    text = f"plan: {len(names)} knob(s) on runs of {duration_text(st.run_seconds)}{budget}"
+    if long and st.checkpoint_rule:
+        text += (
+            f"; {', '.join(long)} act through checkpoints: each is judged on these runs "
+            "when they span a checkpoint cycle at the measured WAL rate, else after the "
+            "others on runs as long as a checkpoint_timeout, when the budget holds them "
+            "(else the notes say what budget they need)"
+        )
+    return text
 
 
 def evidence_text(evidence: str, median_tps: float | None) -> str:
