@@ -153,6 +153,16 @@ WORKLOADS: dict[str, dict[str, Any]] = {
             "wal_buffers",
         ],
     },
+    # A server with less memory than data: TPC-B at scale 50 (about 750 MB of tables and
+    # indexes) for profile "micro" with its disk raised to 1000 IOPS (--profile micro
+    # --disk-iops 1000 --disk-mbps 100): 512 MB, so PGTune's 25% rule gives PostgreSQL's
+    # own 128MB. The session's default write-heavy knob set.
+    "B2": {
+        "description": "TPC-B on data larger than memory: pgbench tpcb-like, scale 50 "
+        "(about 750 MB), 8 clients, 2 jobs",
+        "workload": {"builtin": "tpcb-like", "scale": 50, "clients": 8, "jobs": 2},
+        "kind": "write-heavy",
+    },
     # Issue 29's second case: TPC-C, the blocked issue's target, on an I/O-bound server.
     # 10 warehouses is about 1 GB of tables and indexes: larger than profile "small"'s
     # memory once PostgreSQL's own memory is counted, on a 1000-IOPS disk. The session's
@@ -473,13 +483,22 @@ def run_workload(name: str, args: argparse.Namespace, chart: str | None = None) 
         # the sandbox's own restart method: with a profile it names the cgroup, so the
         # service's restarts start the server inside it too
         methods = {"e2e": sb.restart_method.model_dump(by_alias=True)}
-        service = ServiceProcess(Path(tmp), KNOBTUNE_RESTART_METHODS=json.dumps(methods))
+        # the operator allows the service to reach this sandbox (its socket directory):
+        # API clients may not reach the host's own servers otherwise (docs/security.md)
+        service = ServiceProcess(
+            Path(tmp),
+            KNOBTUNE_RESTART_METHODS=json.dumps(methods),
+            KNOBTUNE_TARGET_HOSTS=f"*,{sb.socket_dir}",
+        )
         service.start()
         body: dict[str, Any] = {
             "name": f"e2e-{name}",
             "dsn": sb.dsn,
             "restart_method": "e2e",
             "data_dir": str(sb.data_dir),
+            # the workload runs as the sandbox's unprivileged benchmark role, as on a
+            # client's server (never as a superuser: docs/security.md)
+            "workload_dsn": sb.bench_dsn,
         }
         if limits is not None:
             # the server as the profile makes it (the service would also read the cgroup)
@@ -487,7 +506,8 @@ def run_workload(name: str, args: argparse.Namespace, chart: str | None = None) 
         try:
             api = httpx.Client(base_url=service.url, timeout=120)
             target = api.post("/api/v1/targets", json=body)
-            target.raise_for_status()
+            if target.is_error:
+                raise SystemExit(f"registering the sandbox failed: {target.text}")
             registered = {k: target.json().get(k) for k in ("ram_bytes", "cpus", "hardware_note")}
             t0 = time.monotonic()
             session = tune(api, target.json()["id"], spec, args)

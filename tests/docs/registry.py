@@ -90,6 +90,8 @@ COMMANDS: dict[str, str] = {
     "results-chbench-ch1": _PARSE,
     "results-e2e": _E2E,  # where the host has no cgroups
     "results-tpcb-b1-small": _E2E,
+    "results-tpcb-b2-headroom": _PARSE,
+    "results-tpcb-b2-micro": _PARSE,
     "results-tpcb-d1-disk": _PARSE,
     "results-tpcb-d1-steady": _STEADY,
     "results-search-order": _PARSE,

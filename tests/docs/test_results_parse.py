@@ -38,6 +38,8 @@ def _configs(text: str) -> dict[str, dict[str, str]]:
         # bench/e2e.py (test_results_e2e.py runs B1 small)
         "results-e2e",
         "results-tpcb-b1-small",
+        "results-tpcb-b2-headroom",
+        "results-tpcb-b2-micro",
         "results-tpcb-d1-disk",
         "results-tpch-h1",
         "results-chbench-ch1",
