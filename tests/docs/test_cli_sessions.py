@@ -23,7 +23,7 @@ from tests.helpers import WORK_MEM_SQL, file_settings
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_targets_cancel_export_and_rollback_with_yes(user_dir: Path, staging: Sandbox) -> None:
-    # a session that recommends a change (work_mem halves this script's time), then applied
+    # a session that recommends a change (work_mem cuts this script's time 16x), then applied
     (user_dir / "s.sql").write_text(WORK_MEM_SQL + "\n")
     res = knobtune("targets", "add", "staging", "--dsn", staging.dsn, cwd=user_dir)
     assert res.returncode == 0, res.stderr

@@ -58,7 +58,7 @@ def test_a_cancelled_final_check_leaves_the_gain_unconfirmed_everywhere(
 ) -> None:
     sb, tid = target
     before = file_settings(sb.dsn)
-    # work_mem's hint makes this workload 2x faster: kept within the walk, then the check
+    # work_mem's hint makes this workload 16x faster: kept within the walk, then the check
     body = {"target_id": tid, "knobs": ["work_mem"], "workload": SORT_WORKLOAD, "max_trials": 11}
     r = client.post("/api/v1/sessions", json=body)
     assert r.status_code == 202, r.text
