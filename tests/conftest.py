@@ -34,31 +34,37 @@ from app.settings import Settings
 
 SandboxFactory = Callable[..., Sandbox]
 
-# The slowest modules first, longest first (their time on a full run with four workers,
-# 2026-11-27): a worker that picked one up late would otherwise run alone at the end.
-# pyproject.toml's --no-loadscope-reorder keeps this order: by default pytest-xdist hands
-# out the modules with the most tests first (the optimizer's), whatever the collection's
-# order: the 470 s module once started 500 s into the run, the 210 s one after 800 s.
+# The slowest modules first, longest first: a worker that picked one up late would
+# otherwise run alone at the end. Each one's time run alone (-n 0) on 2026-11-28, after
+# issue 41, while other suites loaded the 2-core host (load average 3-11); on a full run
+# with four workers they take about twice as long. pyproject.toml's --no-loadscope-reorder
+# keeps this order: by default pytest-xdist hands out the modules with the most tests first
+# (the optimizer's), whatever the collection's order.
 _SLOW_FIRST = (
-    "tests/docs/test_results_captures.py",  # 470 s
-    "tests/docs/test_results_search_order.py",
-    "tests/docs/test_results_e2e_tpcc.py",
-    "tests/docs/test_results_e2e_oltp.py",
-    "tests/docs/test_fresh_copy.py",
-    "tests/docs/test_results_commands.py",
-    "tests/app/sweeps/test_sweep.py",
-    "tests/acceptance/test_service_lifecycle.py",
-    "tests/docs/test_captures.py",
-    "tests/docs/test_results_e2e_tpch.py",
-    "tests/app/api/test_security.py",
-    "tests/docs/test_cli_commands.py",
-    "tests/e2e/test_cli.py",
-    "tests/e2e/test_faults.py",
-    "tests/docs/test_cli_sessions.py",
-    "tests/app/sessions/test_builtin_sessions.py",
-    "tests/docs/test_results_quality.py",
-    "tests/acceptance/test_readme.py",
-    "tests/acceptance/test_cli_user.py",  # 73 s
+    "tests/docs/test_results_captures.py",  # 170 s (the replay fidelity run: 150 s)
+    "tests/app/sweeps/test_sweep.py",  # 162 s
+    "tests/acceptance/test_service_lifecycle.py",  # 145 s
+    "tests/docs/test_fresh_copy.py",  # 210 s on a full run (2026-11-27; needs a git clone)
+    "tests/docs/test_results_commands.py",  # 146 s before its sweep's runs were halved
+    "tests/e2e/test_faults.py",  # 108 s
+    "tests/app/sessions/test_builtin_sessions.py",  # 99 s
+    "tests/docs/test_results_search_order.py",  # 91 s
+    "tests/docs/test_results_quality.py",  # 89 s
+    "tests/docs/test_cli_commands.py",  # 84 s
+    "tests/docs/test_cli_sessions.py",  # 78 s
+    "tests/app/api/test_security.py",  # 78 s
+    "tests/app/runs/test_guards.py",  # 75 s
+    "tests/docs/test_captures.py",  # 74 s
+    "tests/acceptance/test_readme.py",  # 74 s
+    "tests/docs/test_readme_steps.py",  # 72 s
+    "tests/security/test_restart.py",  # 65 s
+    "tests/e2e/test_dashboard.py",  # 60 s
+    "tests/app/api/test_service_api.py",  # 56 s
+    "tests/docs/test_results_steady.py",  # 54 s
+    "tests/acceptance/test_cli_user.py",  # 51 s
+    "tests/e2e/test_crash_resume.py",  # 50 s
+    "tests/docs/test_results_e2e.py",  # 44 s
+    "tests/e2e/test_cli.py",  # 42 s
 )
 
 

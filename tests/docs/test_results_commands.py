@@ -18,7 +18,8 @@ from tests.docs.results_cmds import run, small
 @pytest.mark.timeout(600)
 def test_results_sweep(tmp_path: Path) -> None:
     block = command("results-sweep")
-    run(small(block, tmp_path, clients="1,2", duration="3", warmup="1", scale="1"))
+    # both workloads, two counts, up and down (2 repeats: the least a sweep takes), 2 s runs
+    run(small(block, tmp_path, clients="1,2", duration="2", warmup="1", scale="1"))
     assert json.loads((tmp_path / "sweep.json").read_text())
 
 

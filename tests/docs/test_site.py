@@ -57,6 +57,10 @@ def test_ci_runs_the_test_command_readme_shows() -> None:
     ci = [ln for ln in ci if ln and not ln.startswith("#")]
     assert ci[-1] == run, ".ci/run must end with README's test command"
     assert "bash .ci/bootstrap-tests" in ci
+    # pytest's exit 5 (it collected no test) fails CI like any failure: errexit is on and
+    # nothing masks the command's status
+    assert "set -euo pipefail" in ci, ".ci/run must stop on any failing command"
+    assert not [ln for ln in ci if "set +e" in ln or "|| true" in ln or "|| :" in ln]
 
 
 def test_the_fast_lane_collects_no_slow_test() -> None:
