@@ -85,9 +85,11 @@ _STARTS_A_PROCESS = re.compile(
 _FOLLOWED = (Path(__file__).resolve().parent, Path(__file__).resolve().parents[1] / "bench")
 
 
-def _code(func: Callable[..., Any]) -> tuple[str, set[str]] | None:
-    """A function or class of tests/ or bench/ as code (its decorators kept, docstrings and comments
-    dropped, so that prose says nothing) and the names it calls; None: not one of those."""
+@cache
+def _code(func: Callable[..., Any]) -> tuple[bool, frozenset[str]] | None:
+    """Does a function or class of tests/ or bench/ say it starts a process (in its code,
+    decorators kept, docstrings and comments dropped: prose says nothing), and the names
+    it calls; None: not one of those."""
     try:
         where = Path(inspect.getfile(func)).resolve()
         if not any(where.is_relative_to(d) for d in _FOLLOWED):
@@ -105,19 +107,19 @@ def _code(func: Callable[..., Any]) -> tuple[str, set[str]] | None:
             and isinstance(body[0].value.value, str)
         ):
             body[:1] = [ast.Pass()]
-    calls = {
+    calls = frozenset(
         n.func.id
         for n in ast.walk(tree)
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-    }
-    return ast.unparse(tree), calls
+    )
+    return _STARTS_A_PROCESS.search(ast.unparse(tree)) is not None, calls
 
 
 @cache
 def _starts_a_process(func: Callable[..., Any]) -> bool:
     """Does this test's, fixture's or helper's code start a server or a process, or does a
     function or class of tests/ or bench/ it calls by name? (Through its module's names,
-    cycles cut.)"""
+    each one's code read once, a cycle cut.)"""
     seen: set[Callable[..., Any]] = set()
 
     def check(f: Callable[..., Any]) -> bool:
@@ -128,14 +130,13 @@ def _starts_a_process(func: Callable[..., Any]) -> bool:
         code = _code(f)
         if code is None:
             return False
-        text, calls = code
-        if _STARTS_A_PROCESS.search(text):
+        if code[0]:
             return True
         module = sys.modules.get(getattr(f, "__module__", ""), None)
         names = getattr(f, "__globals__", None) or vars(module or sys)
         return any(
             (inspect.isfunction(names.get(n)) or inspect.isclass(names.get(n))) and check(names[n])
-            for n in calls
+            for n in code[1]
         )
 
     return check(func)
