@@ -88,7 +88,7 @@ def work(tmp_path: Path) -> Iterator[Path]:
 @pytest.mark.timeout(300)
 def test_a_session_page_for_each_outcome(work: Path, tmp_path: Path) -> None:
     shots = Path(os.environ.get("DOCS_SCREENSHOTS") or tmp_path)
-    db = make_db(tmp_path)
+    db = make_db(tmp_path, work_dir=work)  # the service below runs on work: its key
     try:
         ids, final = _sessions(db, work)
     finally:

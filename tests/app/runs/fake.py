@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app import vault
 from app.db import Database, utcnow
 from app.models import Target, TuningSession
 from app.postgres.pgbench import BenchResult
@@ -320,9 +321,14 @@ class FakeEnv(RunEnv):
 
 
 # -- sessions in a metadata DB ---------------------------------------------------------------
-def make_db(tmp: Path) -> Database:
+def make_db(tmp: Path, work_dir: Path | None = None) -> Database:
+    """A SQLite metadata DB in ``tmp``. The DSNs written into it are encrypted with the key
+    a service on ``work_dir`` (default ``tmp``) generates there: one metadata DB, one key
+    (app/vault.py), as a real deployment's processes must share. Without this, rows took
+    whichever key this process loaded last, and a service on ``work_dir`` refused the DB."""
     from app.db import upgrade
 
+    vault.configure(None, work_dir or tmp)
     url = f"sqlite:///{tmp / 'meta.db'}"
     upgrade(url)
     return Database(url)
