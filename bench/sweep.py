@@ -24,6 +24,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -61,11 +63,31 @@ def main() -> int:
     p.add_argument("--clients", help="comma-separated (default: 1, 2, 4, ... to the cap)")
     p.add_argument("--duration", type=int, default=10, help="seconds per run, warm-up included")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=2, help="runs per count, up-down (2-6)")
     p.add_argument("--scale", type=int, default=10)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "sweep.json"))
     args = p.parse_args()
     clients = [int(c) for c in args.clients.split(",")] if args.clients else None
+    try:  # the service's own limits (e.g. repeats 2-6: up and down at least once)
+        bodies = {
+            name: SweepIn(
+                builtin=name,
+                scale=args.scale,
+                clients=clients,
+                duration_s=args.duration,
+                warmup_s=args.warmup,
+                repeats=args.repeats,
+            )
+            for name in args.workloads.split(",")
+        }
+    except ValidationError as exc:
+        flag = {"builtin": "workloads", "duration_s": "duration", "warmup_s": "warmup"}
+        p.error(
+            "; ".join(
+                f"--{flag.get(str(e['loc'][0]), str(e['loc'][0]))}: {e['msg']}"
+                for e in exc.errors()
+            )
+        )
     out = Path(args.out)
     results: dict[str, Any] = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -77,16 +99,10 @@ def main() -> int:
     print(f"load average (1 min) before: {results['load_average_1m']['before']}")
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="knobtune-sweep-") as tmp, Sandbox.create() as sb:
-        for name in args.workloads.split(","):
-            body = SweepIn(
-                builtin=name,  # type: ignore[arg-type]
-                scale=args.scale,
-                clients=clients,
-                duration_s=args.duration,
-                warmup_s=args.warmup,
-                repeats=args.repeats,
-            )
-            res = measure(sb.dsn, body, workdir=Path(tmp))
+        for name, body in bodies.items():
+            # as the sandbox's unprivileged benchmark role, in its database: a sweep runs
+            # no workload as a superuser (app/postgres/roles.py, docs/security.md)
+            res = measure(sb.bench_dsn, body, workdir=Path(tmp))
             results["workloads"][name] = res
             show(name, res)
             svg = render_sweep_svg(
