@@ -100,7 +100,8 @@ from app.captures.logparse import label_text  # noqa: E402
 from app.evidence import bench_spec  # noqa: E402
 from app.postgres.binaries import find_bindir  # noqa: E402
 from app.postgres.cgroups import Limits  # noqa: E402
-from app.postgres.dsn import libpq_env, scrub  # noqa: E402
+from app.postgres.connect import libpq_env  # noqa: E402
+from app.postgres.dsn import scrub  # noqa: E402
 from app.postgres.pgbench import run_streams  # noqa: E402
 from app.postgres.sandbox import BENCH_ROLE, Sandbox, as_postgres  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.captures.logparse import parse_log, plan_bytes, window  # noqa: E402
 from app.evidence import bench_spec  # noqa: E402
-from app.postgres.dsn import libpq_env  # noqa: E402
+from app.postgres.connect import libpq_env  # noqa: E402
 from app.postgres.pgbench import find_pgbench, run_bench  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.replay.plan import ReplayRun  # noqa: E402

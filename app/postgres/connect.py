@@ -59,6 +59,7 @@ from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
 
+from app.postgres import live
 from app.postgres.dsn import LIBPQ_ENV, mask_dsn, scrub
 from app.postgres.errors import primary_message
 from app.postgres.privilege import child_env
@@ -250,25 +251,13 @@ def forget_sandbox(dsn: str) -> None:
         _own.difference_update(_endpoints(dsn))
 
 
-def _live_sandboxes() -> list[Any]:
-    """Sandboxes this process made and still owns (destroyed when it exits): made by the
-    service for a target being registered, by the CLI's demo, or by a test."""
-    from app.postgres import sandbox
-
-    live = getattr(sandbox, "_live", ())
-    for _ in range(5):
-        try:
-            return list(live)
-        except RuntimeError:  # another thread made or destroyed one meanwhile: read again
-            continue
-    return []
-
-
 def _is_own(host: str, port: str) -> bool:
     with _own_lock:
         if (host, port) in _own or (host, "*") in _own:
             return True
-    for sb in _live_sandboxes():
+    # sandboxes this process made and still owns: made by the service for a target being
+    # registered, by the CLI's demo, or by a test
+    for sb in live.snapshot():
         if str(sb.port) == port and host in ("127.0.0.1", os.path.normpath(str(sb.socket_dir))):
             return True
     return False
@@ -283,7 +272,7 @@ def own_sandbox_of(dsn: str) -> Any | None:
     except DsnRefused:
         return None
     port, host = params.get("port", "5432"), params.get("host", "")
-    for sb in _live_sandboxes():
+    for sb in live.snapshot():
         if str(sb.port) != port or not sb.bench_password:
             continue
         if host.startswith("/") and os.path.normpath(host) != os.path.normpath(str(sb.socket_dir)):

@@ -1,6 +1,7 @@
-"""Connection strings: masking passwords, libpq environment for child processes, locality.
+"""Connection strings: masking passwords, libpq's environment variables, locality.
 
-What a client's DSN may say and where it may go: app/postgres/connect.py."""
+What a client's DSN may say and where it may go, and a libpq child's environment
+(libpq_env): app/postgres/connect.py, which builds on this module (never the reverse)."""
 
 from __future__ import annotations
 
@@ -155,14 +156,6 @@ def scrub(text: str, dsn: str) -> str:
     if pw:
         text = text.replace(pw, MASK)
     return scrub_known(text)
-
-
-def libpq_env(dsn: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for a libpq child that connects like ``dsn`` does: checked, pinned,
-    nothing inherited (app.postgres.connect.libpq_env, which says how)."""
-    from app.postgres.connect import libpq_env as checked_env
-
-    return checked_env(dsn, base)
 
 
 def is_local(dsn: str) -> bool:

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 
 from psycopg.conninfo import conninfo_to_dict
 
-from app.postgres import privilege, safefile
+from app.postgres import live, privilege, safefile
 
 # re-exported: callers have always found these in the sandbox manager
 from app.postgres.binaries import (
@@ -203,7 +203,6 @@ def _write_hba(data_dir: Path) -> None:
 # instead of ~1 s). The template is never started, so copies are clean clusters.
 _template_lock = threading.Lock()
 _templates: dict[Path, Path] = {}
-_live: set[Sandbox] = set()
 
 
 def _template_for(bindir: Path) -> Path:
@@ -361,7 +360,7 @@ def remove_socket_dir(dsn: str) -> None:
 
 @atexit.register
 def _cleanup() -> None:
-    for sb in list(_live):
+    for sb in live.snapshot():
         with contextlib.suppress(Exception):
             sb.destroy()
     for tpl in list(_templates.values()):
@@ -500,7 +499,7 @@ class Sandbox:
             # (a bad one is reported by the start below, with the server's log).
             sb._set_passwords()
             sb._write_conf(settings or {})
-            _live.add(sb)
+            live.add(sb)
             for attempt in range(3):
                 try:
                     sb.start()
@@ -871,7 +870,7 @@ class Sandbox:
         Without this, the exit handler destroys the cluster when the process ends, even
         on a clean SIGTERM, and a service started again finds its sandbox gone.
         """
-        _live.discard(self)
+        live.discard(self)
 
     def move_to(self, port: int) -> None:
         """Listen on another port from the next start (the old one was taken meanwhile)."""
@@ -972,7 +971,7 @@ class Sandbox:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
         self._destroyed = True
-        _live.discard(self)
+        live.discard(self)
 
     def _remove_cgroup(self) -> None:
         drop_cgroup(self.root)

@@ -26,7 +26,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from app.postgres.dsn import libpq_env
+from app.postgres.connect import libpq_env
 from app.postgres.pgbench import find_pgbench
 from tests.security.local_servers import FakeServer, settings_for
 

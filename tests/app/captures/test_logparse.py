@@ -23,7 +23,7 @@ from app.captures.logparse import (
     statement_kind,
     window,
 )
-from app.postgres.dsn import libpq_env
+from app.postgres.connect import libpq_env
 from app.postgres.sandbox import Sandbox
 from app.replay.plan import decode
 from tests.app.replay.logs import stderr_log
