@@ -103,7 +103,8 @@ def session(client: TestClient, target_id: int, args: argparse.Namespace, seed: 
         "seed": seed,
     }
     r = client.post("/api/v1/sessions", json=body)
-    r.raise_for_status()
+    if r.is_error:
+        raise SystemExit(f"starting a session failed: {r.status_code} {r.text}")
     sid = r.json()["id"]
     while (s := client.get(f"/api/v1/sessions/{sid}").json())["status"] in ("queued", "running"):
         time.sleep(1)
@@ -154,7 +155,9 @@ def main() -> None:
     episodes: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="knobtune-neighbour-") as tmp, Sandbox.create() as sb:
         os.chmod(tmp, 0o755)
-        init_data(sb.dsn, 5)
+        # the sessions' workload runs as the sandbox's unprivileged benchmark role in its
+        # own database (never as a superuser: docs/security.md), so its tables go there
+        init_data(sb.bench_dsn, 5)
         other = sb.dsn.replace("dbname=postgres", "dbname=neighbour")
         subprocess.run(
             ["psql", sb.dsn, "-qc", "CREATE DATABASE neighbour"], check=True, capture_output=True
@@ -162,7 +165,11 @@ def main() -> None:
         init_data(other, 5)
         settings = Settings(database_url=f"sqlite:///{tmp}/meta.db", work_dir=Path(tmp))
         with TestClient(create_app(settings)) as client:
-            tid = client.post("/api/v1/targets", json={"name": "nb", "dsn": sb.dsn}).json()["id"]
+            reg = {"name": "nb", "dsn": sb.dsn, "workload_dsn": sb.bench_dsn}
+            target = client.post("/api/v1/targets", json=reg)
+            if target.is_error:
+                raise SystemExit(f"registering the sandbox failed: {target.text}")
+            tid = target.json()["id"]
             for i in range(args.sessions):
                 for cond in ("quiet", "neighbour"):
                     load_before = os.getloadavg()[0]
