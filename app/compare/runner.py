@@ -45,6 +45,7 @@ from app.runs.recovery import TargetRecovery
 from app.runs.trial import TrialExecutor, TrialHooks, TrialOutcome
 from app.schemas import errors_text
 from app.settings import Settings
+from app.targets.access import admin_dsn_for
 from app.targets.service import controller
 from app.tuning import RequestError, kind_for, rows_to_json
 from app.workloads import workload_for
@@ -108,6 +109,7 @@ class ComparisonRunner:
         self.app_name = f"knobtune-compare-{comparison_id}"
         self.workdir = (Path(settings.work_dir) / "comparisons" / str(comparison_id)).resolve()
         self.dsn = ""
+        self.admin_dsn: str | None = None  # the cluster is knobtune's own (admin_dsn_for)
         self.snapshot: Snapshot | None = None
         self.store = ComparisonStore(db, comparison_id, owner, self._safe)
 
@@ -148,6 +150,7 @@ class ComparisonRunner:
                     f"{errors_text(exc)}; start a new comparison with a corrected request"
                 )
             self.dsn = target.workload_dsn
+            self.admin_dsn = admin_dsn_for(target)
             try:
                 ctl = controller(target, self.settings)
             except TargetError as exc:  # e.g. a DSN this version refuses: nothing ran
@@ -319,7 +322,8 @@ class ComparisonRunner:
             shown = " | ".join(" ".join(o) for o in orders)
             self.store.note(f"order of the rounds (seed {row.seed}): {shown}")
         wl = body.workload
-        workload = workload_for(wl, clients=int(wl.clients))
+        # a replay on a sandbox: its superuser makes the copies, as in a session
+        workload = workload_for(wl, clients=int(wl.clients), admin_dsn=self.admin_dsn)
         executor = TrialExecutor(
             ctl,
             self.dsn,

@@ -76,11 +76,11 @@ from app.schemas import SessionIn, WorkloadIn, errors_text
 from app.settings import Settings
 from app.sweeps.auto import auto_clients
 from app.sweeps.service import session_notes
+from app.targets.access import admin_dsn_for
 from app.targets.service import controller
 from app.tuning import rows_to_json, session_optimizer
 from app.workloads import workload_for
 from app.workloads.base import WorkloadError
-from app.workloads.replay import Replay
 from optimizer.catalogue import CATALOGUE
 from optimizer.checkpoints import CHECKPOINT_KNOBS, duration_text
 from optimizer.descent import Candidate, CoordinateDescent
@@ -129,8 +129,9 @@ class ExecutorArgs:
     local: bool
     bench_lock: HostBenchLock | None = None
     knobs: tuple[str, ...] = ()  # the tuned knobs: none may be overridden for the workload
-    # a sandbox's superuser DSN: knobtune's own statements on its own cluster (removing
-    # overrides of the tuned knobs, a replay's copies); None on a client's server
+    # a sandbox's superuser DSN (app.targets.access.admin_dsn_for): knobtune's own
+    # statements on its own cluster (removing overrides of the tuned knobs, a replay's
+    # copies); None on a client's server
     admin_dsn: str | None = None
 
 
@@ -145,9 +146,9 @@ class RunEnv:
 
     def executor(self, target: SessionTarget, wl: WorkloadIn, args: ExecutorArgs) -> Executor:
         # an int by now: clients "auto" was resolved before
-        workload = workload_for(wl, clients=int(wl.clients))
-        if args.admin_dsn is not None and isinstance(workload, Replay):
-            workload.admin_dsn = args.admin_dsn  # its benchmark role may not copy databases
+        # a replay on knobtune's own cluster: its superuser makes the copies (its
+        # benchmark role may not create databases)
+        workload = workload_for(wl, clients=int(wl.clients), admin_dsn=args.admin_dsn)
         executor = _WorkloadExecutor(
             target,
             args.dsn,
@@ -296,7 +297,7 @@ class SessionRunner:
                 applied=dict(sess.applied or {}),
                 resumed=sess.attempts > 0,
                 noted=bool(sess.notes),
-                admin_dsn=target.dsn if target.sandbox_dir else None,
+                admin_dsn=admin_dsn_for(target),
             )
             ctl = self.env.target(target, self.settings)
         return loaded, ctl

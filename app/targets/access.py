@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.models import Target
+from app.postgres.connect import own_sandbox_of
 from app.postgres.restart import SANDBOX_METHOD, PgCtlMethod, RestartMethod
 from app.postgres.sandbox import Sandbox, SandboxError
 from app.postgres.target import TargetController
@@ -59,6 +60,18 @@ def restart_note(target: Target, settings: Settings) -> str | None:
     if method is not None or not (target.restart_method or target.restart_command):
         return None
     return reason
+
+
+def admin_dsn_for(target: Target) -> str | None:
+    """The superuser DSN of a cluster that is knobtune's own, for its fixed statements
+    there (a replay's per-run copy, removing overrides of the tuned knobs): a managed
+    sandbox's, or a sandbox's that this process made and that was registered by its
+    superuser DSN (the demo's, a bench's or a test's: its registration gave the workload
+    the sandbox's benchmark role, which may not create databases). None on a client's
+    server: its DBA grants the workload's role what it needs (app/workloads/replay.py)."""
+    if target.sandbox_dir or own_sandbox_of(target.dsn) is not None:
+        return target.dsn
+    return None
 
 
 def controller_for(target: Target, settings: Settings) -> TargetController:

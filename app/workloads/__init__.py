@@ -43,9 +43,13 @@ def _capture(capture_id: int) -> Callable[[], str | CaptureSource]:
     return load
 
 
-def workload_for(wl: WorkloadIn, *, clients: int | None = None) -> Workload:
+def workload_for(
+    wl: WorkloadIn, *, clients: int | None = None, admin_dsn: str | None = None
+) -> Workload:
     """The workload of a request. ``clients``: the resolved count when wl.clients is "auto"
-    (before the sweep has run, stream names and scripts are all a caller can use)."""
+    (before the sweep has run, stream names and scripts are all a caller can use).
+    ``admin_dsn``: the target's superuser when the cluster is knobtune's own
+    (app.targets.access.admin_dsn_for): a replay's copies are made by it."""
     from app.workloads.pgbench import PgbenchWorkload
 
     n = clients if clients is not None else (wl.clients if isinstance(wl.clients, int) else 1)
@@ -61,6 +65,7 @@ def workload_for(wl: WorkloadIn, *, clients: int | None = None) -> Workload:
                 speed=wl.speed,
                 replay_database=wl.replay_database,
                 isolation=wl.isolation,
+                admin_dsn=admin_dsn,
             )
         if wl.builtin == "tpch":
             from app.workloads.tpch import Tpch

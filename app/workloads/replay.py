@@ -31,11 +31,11 @@ Privileges. The workload's role makes the copy, so it needs CREATEDB and must ow
 replay database (or be superuser): :meth:`Replay.prepare` says exactly what to grant;
 the least privilege that works, rather than giving the workload the superuser's DSN for
 its resets. A sandbox's benchmark role has no CREATEDB (issue 40: it could make
-databases and override tuned knobs in them), so on knobtune's own sandbox the session
-gives ``admin_dsn``, the sandbox's superuser, which makes the copy (knobtune's fixed
-statements only), owned by the workload's role; the replay database must still be that
-role's. Statements run as the workload's role, not as the captured users (whose
-passwords knobtune never has).
+databases and override tuned knobs in them), so on knobtune's own sandbox a session or
+a comparison gives ``admin_dsn`` (app.targets.access.admin_dsn_for), the sandbox's
+superuser, which makes the copy (knobtune's fixed statements only), owned by the
+workload's role; the replay database must still be that role's. Statements run as the
+workload's role, not as the captured users (whose passwords knobtune never has).
 
 What a copy costs: FILE_COPY checkpoints and copies the files (seconds for a few hundred
 MB on this host); the copy is a new database, so its pages are not in shared_buffers at
@@ -93,6 +93,7 @@ class Replay:
         replay_database: str | None = None,
         capture_database: str | None = None,
         isolation: Isolation | None = None,
+        admin_dsn: str | None = None,
     ) -> None:
         if not 0.1 <= speed <= 100:
             raise WorkloadError(f"speed must be between 0.1 and 100, not {speed:g}")
@@ -109,7 +110,7 @@ class Replay:
         self._capture_database = capture_database
         self.isolation = isolation
         # knobtune's own sandbox: its superuser makes the copies (module docstring)
-        self.admin_dsn: str | None = None
+        self.admin_dsn = admin_dsn
         self._parsed: ParsedLog | None = None
         self._stream: Stream | None = None
 

@@ -224,3 +224,61 @@ def test_a_replay_on_a_sandbox_copies_as_its_superuser(sandbox_factory: SandboxF
             "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'knobtune_replay'"
         ).fetchone()
     assert row == (BENCH_ROLE,)
+
+
+def test_a_replay_comparison_on_a_sandbox_this_process_made_copies_as_its_superuser(
+    sandbox_factory: SandboxFactory,
+) -> None:
+    """A comparison's replay on knobtune's own cluster gets its superuser for the per-run
+    copies, as a session's does (app.targets.access.admin_dsn_for): here a sandbox this
+    process made, registered by its superuser DSN (its workload: the benchmark role, which
+    may not create databases). Before, the comparison failed preparing the replay:
+    'role knobtune_bench may not create databases'."""
+    sb = sandbox_factory()
+    with psycopg.connect(sb.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE shop OWNER {BENCH_ROLE}")
+    shop = make_conninfo(sb.bench_dsn, dbname="shop")
+    assert _fails(shop, "CREATE TABLE accounts (id int); INSERT INTO accounts VALUES (1)") is None
+    text = stderr_log([[(0.0, "SELECT count(*) FROM accounts"), (0.5, "SELECT 1")]])
+    with service_dir() as base, client_for(settings_for(base, run_scheduler=True)) as api:
+        r = api.post("/api/v1/targets", json={"name": "own", "dsn": sb.dsn})
+        assert r.status_code == 201, r.text
+        [target] = stored_targets(str(settings_for(base).database_url))
+        assert target.sandbox_dir is None
+        assert target.workload_dsn == sb.bench_dsn
+        cap = api.post(
+            "/api/v1/captures/import",
+            params={"name": "shop-log", "database": "shop"},
+            headers={"Content-Type": "application/octet-stream"},
+            content=text.encode(),
+        )
+        assert cap.status_code == 201, cap.text
+        body = {
+            "target_id": r.json()["id"],
+            "configs": [{"name": "default"}, {"name": "wm8", "settings": {"work_mem": "8MB"}}],
+            "rounds": 2,
+            "workload": {
+                "replay": cap.json()["id"],
+                "replay_database": "shop",
+                "duration_s": 2,
+                "warmup_s": 0,
+            },
+            "warmup_run_s": 1,
+        }
+        made = api.post("/api/v1/comparisons", json=body)
+        assert made.status_code == 202, made.text
+        cid = made.json()["id"]
+        deadline = time.monotonic() + 180
+        got: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            got = api.get(f"/api/v1/comparisons/{cid}").json()
+            if got["status"] in ("succeeded", "failed", "cancelled"):
+                break
+            time.sleep(0.3)
+    assert got["status"] == "succeeded", got
+    assert [run["error"] for run in got["runs"]] == [None] * 4
+    with psycopg.connect(sb.dsn) as conn:
+        row = conn.execute(
+            "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'knobtune_replay'"
+        ).fetchone()
+    assert row == (BENCH_ROLE,)  # made by the superuser, for the workload's role
