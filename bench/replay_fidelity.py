@@ -20,9 +20,11 @@ interleaving and the paired statistics):
    on the loaded data, recorded in the output). The mix's objective is throughput (a
    session on it would tune that): the geometric mean of both streams' levels.
 2. **The starting data.** P's data back at its loaded state (TPC-C's reset), then
-   ``pg_dump -Fc`` of ``shop`` and ``pg_restore --create --no-owner`` into a second
-   sandbox R (staging), as docs/captures.md says, then ANALYZE (a restore carries no
-   planner statistics): R holds exactly the data the capture starts from.
+   ``pg_dump -Fc`` of ``shop`` and ``pg_restore --create`` into a second sandbox R
+   (staging), with its owners: the benchmark role, which replays there (and is given
+   CREATEDB: it makes each run's copy, as a client's staging server's workload role
+   does), then ANALYZE (a restore carries no planner statistics): R holds exactly the
+   data the capture starts from.
 3. **The capture**: ``POST /api/v1/captures`` on P for ``--minutes``; the mix starts once
    the capture logs, and ends before it does. Its summary and the log (the download route)
    come back through the API.
@@ -313,18 +315,23 @@ def client_tool(name: str, args: list[str], dsn: str, cwd: Path) -> float:
 
 
 def dump_and_restore(prod: Sandbox, staging: Sandbox, workdir: Path) -> dict[str, Any]:
-    """P's shop, as the capture will start from it, restored into R (docs/captures.md)."""
+    """P's shop, as the capture will start from it, restored into R (docs/captures.md).
+
+    R is a DSN target of the service (this script made it, not the service), so the
+    replay's role, R's benchmark role as on P, makes each run's copy itself: as on a
+    client's staging server, it owns shop (restored with its owners: the role exists on
+    R under the same name) and is given CREATEDB (what Replay.prepare asks of a DSN
+    target's workload role; a managed sandbox's superuser copies instead)."""
     dump = workdir / f"{DATABASE}.dump"
     dumped = client_tool(
         "pg_dump", ["--format=custom", f"--file={dump}"], _db(prod.dsn, DATABASE), workdir
     )
     restored = client_tool(
-        "pg_restore",
-        ["--create", "--no-owner", "--dbname=postgres", str(dump)],
-        staging.dsn,
-        workdir,
+        "pg_restore", ["--create", "--dbname=postgres", str(dump)], staging.dsn, workdir
     )
     t = time.monotonic()
+    with psycopg.connect(staging.dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER ROLE {} CREATEDB").format(sql.Identifier(BENCH_ROLE)))
     with psycopg.connect(_db(staging.dsn, DATABASE), autocommit=True) as conn:
         conn.execute("ANALYZE")  # pg_restore brings no planner statistics
     return {
@@ -729,7 +736,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     }
                 )
             )
-            doc["replay_note"] = replay.prepare(staging.dsn)  # parses the capture
+            # as the session's workload role, R's benchmark role: its copies are its own
+            doc["replay_note"] = replay.prepare(staging.bench_dsn)  # parses the capture
             lap("replay_prepare_s")
             ctl_p = TargetController.for_sandbox(prod)
             ctl_r = TargetController.for_sandbox(staging)
@@ -747,7 +755,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             fidelity["replay"] = side_runs(
                 "replay",
                 ctl_r,
-                _executor(ctl_r, staging.dsn, replay, args),
+                _executor(ctl_r, staging.bench_dsn, replay, args),
                 ("replay", REPORT_LABEL),
                 REPLAY_KINDS,
                 args.rounds,
