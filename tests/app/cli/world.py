@@ -14,7 +14,6 @@ import pytest
 from cryptography.fernet import Fernet
 
 import app.main
-from app import vault
 from app.cli import main
 from app.db import Database
 from app.jobs.scheduler import Scheduler
@@ -42,8 +41,7 @@ class World:
         monkeypatch.setenv("KNOBTUNE_SECRET_KEY", key)
         monkeypatch.setenv("KNOBTUNE_WORK_DIR", str(self.dir / "work"))
         monkeypatch.setenv("KNOBTUNE_POLL_SECONDS", "0.2")
-        vault.configure(key, self.dir / "work")
-        self.db: Database = make_db(self.dir)
+        self.db: Database = make_db(self.dir, work_dir=self.dir / "work", key=key)
         tid = add_target(self.db, surface)
         with self.db.session() as s:
             row = s.get(Target, tid)

@@ -321,14 +321,15 @@ class FakeEnv(RunEnv):
 
 
 # -- sessions in a metadata DB ---------------------------------------------------------------
-def make_db(tmp: Path, work_dir: Path | None = None) -> Database:
+def make_db(tmp: Path, work_dir: Path | None = None, key: str | None = None) -> Database:
     """A SQLite metadata DB in ``tmp``. The DSNs written into it are encrypted with the key
     a service on ``work_dir`` (default ``tmp``) generates there: one metadata DB, one key
     (app/vault.py), as a real deployment's processes must share. Without this, rows took
-    whichever key this process loaded last, and a service on ``work_dir`` refused the DB."""
+    whichever key this process loaded last, and a service on ``work_dir`` refused the DB.
+    ``key``: the key the service is given (KNOBTUNE_SECRET_KEY) instead of its file."""
     from app.db import upgrade
 
-    vault.configure(None, work_dir or tmp)
+    vault.configure(key, work_dir or tmp)
     url = f"sqlite:///{tmp / 'meta.db'}"
     upgrade(url)
     return Database(url)
