@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,7 @@ from optimizer.guard import MemoryUse
 log = logging.getLogger(__name__)
 
 PROC = Path("/proc")
+_ROLLUP = re.compile(r"^(\w+):\s+(\d+) kB$", re.M)  # smaps_rollup's "Pss_Anon:   116 kB"
 
 
 @dataclass(frozen=True)
@@ -104,14 +105,10 @@ def tree_use(pid: int, *, proc: Path = PROC) -> tuple[MemoryUse, int] | None:
     while todo:
         p = todo.pop()
         try:
-            fields = _stat(
-                "\n".join(
-                    line.replace(":", "", 1).split(" kB")[0].replace("  ", " ").strip()
-                    for line in (proc / str(p) / "smaps_rollup").read_text().splitlines()[1:]
-                )
-            )
+            text = (proc / str(p) / "smaps_rollup").read_text()
         except OSError:
             continue
+        fields = {k: int(v) for k, v in _ROLLUP.findall(text)}  # kB
         seen += 1
         anon += fields.get("Pss_Anon", fields.get("Private_Dirty", 0)) * 1024
         shmem += fields.get("Pss_Shmem", 0) * 1024
@@ -154,9 +151,7 @@ class MemoryMeter:
         if self._limit is None or self._limit[0] != pid:
             found = cgroups.limits_of_pid(pid, proc=self._proc)
             directory = memory_cgroup_dir(pid, proc=self._proc) if found.memory_bytes else None
-            limit = found.memory_bytes or host_ram(self._proc) or 0
-            if found.memory_bytes and host_ram(self._proc):
-                limit = min(limit, host_ram(self._proc) or limit)
+            limit = cgroups.smaller(found.memory_bytes, host_ram(self._proc)) or 0
             self._limit = (pid, directory, limit)
         _, directory, limit = self._limit
         if limit <= 0:
@@ -169,19 +164,3 @@ class MemoryMeter:
         if tree is None:
             return None
         return Reading(tree[0], limit, f"PSS of {tree[1]} processes")
-
-
-def meter_for_pid_file(data_dir: Path) -> MemoryMeter:
-    """A meter that finds the postmaster from ``data_dir/postmaster.pid`` (a local server)."""
-
-    def find() -> int | None:
-        try:
-            fd = os.open(data_dir / "postmaster.pid", os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd) as f:
-                pid = int(f.readline())
-            comm = (PROC / str(pid) / "comm").read_text().strip()
-        except (OSError, ValueError):
-            return None
-        return pid if comm in ("postgres", "postmaster") else None
-
-    return MemoryMeter(find)
