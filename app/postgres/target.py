@@ -17,7 +17,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, LiteralString
@@ -163,6 +163,24 @@ class PoolFill:
     @property
     def measured(self) -> bool:
         return self.used_bytes is not None
+
+
+_POOL_BUFFERS: LiteralString = (
+    "SELECT setting::bigint FROM pg_settings WHERE name = 'shared_buffers'"  # in buffers
+)
+
+
+@dataclass
+class PoolCounter:
+    """shared_buffers' size in buffers and a reader of the buffers allocated so far
+    (pg_stat_bgwriter.buffers_alloc, readable by any role; see TargetController.pool_counter)."""
+
+    conn: Conn
+    pool_buffers: int
+
+    def allocated(self) -> int:
+        """Raises psycopg.Error when the server went away."""
+        return int(_one(self.conn, "SELECT buffers_alloc FROM pg_stat_bgwriter"))
 
 
 @dataclass
@@ -1064,12 +1082,7 @@ class TargetController:
         """
         try:
             with self._connect() as conn:
-                pool = int(
-                    _one(
-                        conn,
-                        "SELECT setting::bigint FROM pg_settings WHERE name = 'shared_buffers'",
-                    )
-                )
+                pool = int(_one(conn, _POOL_BUFFERS))
                 block = int(_one(conn, "SELECT current_setting('block_size')::int"))
                 data = int(_one(conn, "SELECT sum(pg_database_size(oid))::bigint FROM pg_database"))
                 has = conn.execute(
@@ -1094,6 +1107,25 @@ class TargetController:
             used_bytes=used * block if used is not None else None,
             data_bytes=data,
         )
+
+    @contextlib.contextmanager
+    def pool_counter(self) -> Iterator[PoolCounter | None]:
+        """Buffers allocated so far and the pool's size in buffers, read over one connection
+        (a warm-up's), or None when the server cannot be asked."""
+        try:
+            conn = self._connect()
+        except ConnectError:
+            yield None
+            return
+        with conn:
+            try:
+                pool = int(_one(conn, _POOL_BUFFERS))
+                counter = PoolCounter(conn, pool)
+                counter.allocated()  # readable by this role, or None below
+            except (psycopg.Error, TargetError):
+                yield None
+                return
+            yield counter
 
     def terminate_clients(self, application_prefix: str) -> int:
         """End the target's connections whose application_name starts with the prefix.

@@ -223,7 +223,7 @@ class SessionStore:
             p_value=verdict.p_value if verdict and not rejected else None,
             reason=rejected or (verdict.reason if verdict else None),
             metrics=result.db_metrics if result else {},
-            timings=out.timings,
+            timings={**out.timings, **({"warm_up": out.warmed} if out.warmed else {})},
             error=error,
             started_at=out.started,
             finished_at=utcnow(),

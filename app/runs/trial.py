@@ -5,8 +5,9 @@
 * the **memory guard** first (``optimizer.guard.memory_guard``): a candidate that would
   not fit the target's RAM is never applied (``rejected``, no run);
 * **apply** the config (``ALTER SYSTEM``, reload or restart); a restart empties
-  shared_buffers, so a **warm-up** load runs until throughput levels off: a cold run is
-  never compared with a warm one (docs/architecture.md: 1,298 vs ~3,700 tps);
+  shared_buffers, so a **warm-up** load runs until the pool is warm again (the server's
+  count of buffers allocated since): a cold run is never compared with a warm one
+  (docs/architecture.md: 1,298 vs ~3,700 tps);
 * **reset** the workload's data, so that every measured run starts from the same data;
 * **run** every stream of the workload at once; a candidate's first stream is watched by
   the **performance guard** (``ThroughputWatch``: collapse or failed transactions against
@@ -41,7 +42,7 @@ from app.postgres.benchlock import BenchTurn, HostBenchLock
 from app.postgres.memory import MemoryMeter
 from app.postgres.pgbench import BenchResult, BenchSpec, run_streams
 from app.postgres.pgbench_output import ProgressSample
-from app.postgres.target import ApplyResult, ConnectError, TargetError
+from app.postgres.target import ApplyResult, ConnectError, PoolCounter, TargetError
 from app.tuning import describe, measurement
 from app.workloads.base import Stream, Workload, WorkloadError
 from optimizer.descent import Candidate, Measurement
@@ -53,12 +54,16 @@ from optimizer.guard import (
     guard_window,
     measured_memory_guard,
     memory_guard,
+    pool_refilled,
     warm_up_window,
     warmed_up,
 )
 from optimizer.knobs import Config
 
 INCUMBENT_RUNS = 3  # recent incumbent runs whose median level the performance guard uses
+# A warm-up after a restart lasts at most this many runs: a 768MB pool takes 90 s and more
+# to refill from a 1000-IOPS disk, longer than one of a session's 45-60 s runs.
+WARM_UP_RUNS = 3
 
 
 class Applier(Protocol):
@@ -71,6 +76,8 @@ class Applier(Protocol):
     def is_up(self) -> bool: ...
 
     def terminate_clients(self, application_prefix: str) -> int: ...
+
+    def pool_counter(self) -> contextlib.AbstractContextManager[PoolCounter | None]: ...
 
 
 @dataclass
@@ -102,6 +109,7 @@ class TrialOutcome:
     down: bool = False  # the target stopped answering
     host: dict[str, Any] = field(default_factory=dict)  # the host's load at the end (local)
     turn: BenchTurn | None = None  # how the run got its turn on the host (app/postgres/benchlock)
+    warmed: str | None = None  # why the warm-up before the run ended (None: no warm-up)
 
     @property
     def ran(self) -> bool:
@@ -160,7 +168,7 @@ class TrialExecutor:
         self.ram_bytes = ram_bytes
         self.workdir, self.app_name = workdir, app_name
         # a discarded run of this many seconds before every measured run (bench/e2e.py's
-        # confirmation); None: warm up only after a restart, until throughput levels off
+        # confirmation); None: warm up only after a restart, until the pool is warm
         self.warmup_run_s = warmup_run_s
         self.stop = stop
         self.hooks = hooks or TrialHooks()
@@ -233,7 +241,7 @@ class TrialExecutor:
                 why = "warming up after restart" if applied.restarted else "warming up"
                 hooks.on_applied(applied_at, why)
                 t = time.monotonic()
-                self.warm_up()
+                out.warmed = self.warm_up()
                 out.timings["warmup_s"] = round(time.monotonic() - t, 3)
                 hooks.check()
             # a load shift was just seen: say so while the session re-measures
@@ -297,10 +305,14 @@ class TrialExecutor:
         )
         self.remember(cand.config, out.measurement.samples, result.failed_transactions)
 
-    def warm_up(self) -> None:
-        """Discarded load after a restart until throughput levels off (at most one run).
+    def warm_up(self) -> str:
+        """Discarded load after a restart until the pool is warm; says why it ended.
 
-        With ``warmup_run_s``: a discarded run of exactly that long.
+        Warm when the server's own counter says so (buffers allocated since the restart:
+        the pool full, or no more reads into it: ``optimizer.guard.pool_refilled``), at
+        most :data:`WARM_UP_RUNS` runs long; where the counter cannot be read, when
+        throughput levels off, at most one run. With ``warmup_run_s``: a discarded run of
+        exactly that long.
         """
         if self.warmup_run_s:
             fixed = [
@@ -310,22 +322,33 @@ class TrialExecutor:
             run_streams(
                 self.dsn, fixed, stop=self.stop, workdir=self.workdir, app_name=self.app_name
             )
-            return
+            return f"a {self.warmup_run_s} s run"
+        run_s = self.specs[0].duration_s
         seen: list[float] = []
-        window = warm_up_window(self.specs[0].duration_s - self.specs[0].warmup_s)
+        window = warm_up_window(run_s - self.specs[0].warmup_s)
+        with self.target.pool_counter() as pool:
+            start = _allocated(pool)
+            allocated: list[int] = []
 
-        def level(s: ProgressSample) -> str | None:
-            seen.append(s.tps)
-            return "warm" if warmed_up(seen, window=window) else None
+            def level(s: ProgressSample) -> str | None:
+                now = _allocated(pool)
+                if pool is not None and start is not None and now is not None:
+                    allocated.append(now - start)
+                    return pool_refilled(allocated, pool.pool_buffers)
+                seen.append(s.tps)
+                return "throughput levelled off" if warmed_up(seen, window=window) else None
 
-        run_streams(
-            self.dsn,
-            [dataclasses.replace(spec, warmup_s=0) for spec in self.specs],
-            stop=self.stop,
-            workdir=self.workdir,
-            watch=level,
-            app_name=self.app_name,
-        )
+            cap = run_s * (WARM_UP_RUNS if start is not None else 1)
+            results = run_streams(
+                self.dsn,
+                [dataclasses.replace(spec, duration_s=cap, warmup_s=0) for spec in self.specs],
+                stop=self.stop,
+                workdir=self.workdir,
+                watch=level,
+                app_name=self.app_name,
+            )
+        why = next((r.early_stop for r in results if r.early_stop), None)
+        return why or f"not settled after {cap} s"
 
     # -- guards ---------------------------------------------------------------------------
     def memory_check(self, config: Config, incumbent: Config) -> str | None:
@@ -418,6 +441,16 @@ def _both(
         return memory() or (watch(s) if watch is not None else None)
 
     return observe
+
+
+def _allocated(pool: PoolCounter | None) -> int | None:
+    """Buffers allocated so far, or None (no counter, or the server went away)."""
+    if pool is None:
+        return None
+    try:
+        return pool.allocated()
+    except psycopg.Error:
+        return None
 
 
 def _host_load() -> dict[str, Any]:

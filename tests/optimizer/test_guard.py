@@ -10,6 +10,7 @@ from optimizer.guard import (
     estimate_memory,
     measured_memory_guard,
     memory_guard,
+    pool_refilled,
     predict_memory,
 )
 
@@ -133,3 +134,24 @@ def test_the_live_guard_stops_past_90_percent() -> None:
     said = watch.observe(MemoryUse(200 * MIB, 270 * MIB))
     assert said is not None
     assert said.startswith("memory guard (live): the server held 470MB")
+
+
+def test_a_pool_is_warm_when_full_or_when_reads_into_it_stop() -> None:
+    pool = 32768  # 256MB of 8kB buffers
+    # filling from a slow disk: ~1000 buffers a second, warm at 95% full, not before
+    filling = [1000 * (i + 1) for i in range(40)]
+    ends = next(n for n in range(1, 41) if pool_refilled(filling[:n], pool))
+    assert ends == 32  # 31,130 of 32,768 buffers
+    reason = pool_refilled(filling[:ends], pool)
+    assert reason is not None
+    assert reason.startswith("the buffer pool refilled")
+    # data smaller than the pool: the reads stop; warm once 5 s allocated under 1% of it
+    small = [2000, 4000, 5000, 5100, 5150, 5170, 5180, 5190, 5195, 5200]
+    ends = next(n for n in range(1, 11) if pool_refilled(small[:n], pool))
+    assert ends == 8  # 5,180 - 5,000 = 180 < 328 buffers over the last 5 s
+    reason = pool_refilled(small[:ends], pool)
+    assert reason is not None
+    assert reason.startswith("reads settled")
+    # the first seconds say nothing yet; a pool of no size is never judged
+    assert pool_refilled([0, 0, 0], pool) is None
+    assert pool_refilled(filling, 0) is None
