@@ -1841,9 +1841,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("id", type=int, help="the session's id")
     s.add_argument(
         "--format",
-        choices=["conf", "sql", "json"],
+        choices=["conf", "sql", "json", "rds", "cloudsql", "azure", "cnpg", "patroni"],
         default="conf",
-        help="postgresql.conf lines, ALTER SYSTEM statements, or JSON",
+        help="postgresql.conf lines, ALTER SYSTEM statements, JSON, or a managed service's "
+        "form: rds (an aws rds modify-db-parameter-group file, also Aurora), cloudsql "
+        "(gcloud --database-flags), azure (az parameter set lines), cnpg or patroni (YAML)",
     )
     remote(s)
 

@@ -58,13 +58,30 @@ def list_trials(session_id: int, db: DB) -> list[TrialOut]:
     return out
 
 
+# media type and file name per export format
+EXPORT_FILES = {
+    "conf": ("text/plain", "postgresql.conf"),
+    "sql": ("application/sql", "knobtune.sql"),
+    "json": ("application/json", "knobtune.json"),
+    "rds": ("application/json", "rds-parameters.json"),
+    "cloudsql": ("text/x-shellscript", "cloudsql-flags.sh"),
+    "azure": ("text/x-shellscript", "azure-parameters.sh"),
+    "cnpg": ("application/yaml", "cnpg-parameters.yaml"),
+    "patroni": ("application/yaml", "patroni-parameters.yaml"),
+}
+
+
 @router.get("/sessions/{session_id}/config", response_class=PlainTextResponse)
 def export_config(
-    session_id: int, db: DB, format: Literal["conf", "sql", "json"] = "conf"
+    session_id: int,
+    db: DB,
+    format: Literal["conf", "sql", "json", "rds", "cloudsql", "azure", "cnpg", "patroni"] = "conf",
 ) -> Response:
+    """The recommended config: postgresql.conf lines, ALTER SYSTEM, JSON, or a managed
+    service's own form (rds: a modify-db-parameter-group file; cloudsql, azure: their CLI
+    lines; cnpg, patroni: YAML)."""
     body = export.export(db, session_id, format)
-    media = {"conf": "text/plain", "sql": "application/sql", "json": "application/json"}[format]
-    filename = {"conf": "postgresql.conf", "sql": "knobtune.sql", "json": "knobtune.json"}[format]
+    media, filename = EXPORT_FILES[format]
     return Response(
         body,
         media_type=f"{media}; charset=utf-8",

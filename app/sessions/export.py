@@ -1,4 +1,5 @@
-"""Exports of a session: the recommended config (conf, sql, json) with its evidence."""
+"""Exports of a session: the recommended config (conf, sql, json) with its evidence, or in a
+managed service's own form (rds, cloudsql, azure, cnpg, patroni: optimizer/managed.py)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ from app.sessions.summary import resolution_note
 from app.sweeps.service import sweep_header
 from app.targets.service import get_target
 from app.tuning import gain_text
+from optimizer import managed
 from optimizer.catalogue import CATALOGUE
 from optimizer.checkpoints import CHECKPOINT_KNOBS
 from optimizer.counters import ServerCounters
 from optimizer.counters import summary as counters_summary
 from optimizer.order import combine
-from optimizer.render import Recommendation, render_conf, render_json, render_sql
+from optimizer.render import Recommendation, claim_text, render_conf, render_json, render_sql
 
 
 def recommendation(db: Database, session_id: int) -> Recommendation:
@@ -237,6 +239,8 @@ def label_line(c: Mapping[str, Any]) -> str:
 
 def export(db: Database, session_id: int, fmt: str) -> str:
     rec = recommendation(db, session_id)
+    if fmt in managed.SERVICES:
+        return managed_export(rec, fmt)
     if fmt == "sql":
         return render_sql(rec)
     if fmt == "json":
@@ -248,3 +252,22 @@ def export(db: Database, session_id: int, fmt: str) -> str:
         doc["per_label"], doc["per_stream"], doc["per_label_status"] = labels, streams, status
         return json.dumps(doc, indent=2, allow_nan=False) + "\n"
     return render_conf(rec)
+
+
+def managed_export(rec: Recommendation, fmt: str) -> str:
+    """The changed knobs in a managed service's form; 422 when that form cannot hold them."""
+    changes = [(n.name, n.recommended) for n in rec.changed()]
+    h = rec.header
+    header = [
+        f"knobtune session {h.get('session', '?')}, tuned on {h.get('target', '?')} "
+        f"({h.get('server', '?')}), {h.get('generated', '')}",
+    ]
+    claim = claim_text(rec)
+    if claim:
+        header.append(claim)
+    if "WARNING" in rec.header:
+        header.append(f"WARNING: {rec.header['WARNING']}")
+    try:
+        return managed.render(fmt, changes, header=header)
+    except managed.ManagedFormatError as exc:
+        raise ServiceError(422, f"cannot export as {fmt}: {exc}") from None
