@@ -181,6 +181,27 @@ def test_look_ahead_gets_past_the_work_mem_dip() -> None:
     assert all(o.incumbent["work_mem"] == "4MB" for o in without)
 
 
+def test_a_knob_clearly_worse_both_ways_gives_its_place_without_a_second_look_ahead() -> None:
+    # max_wal_size at its best where it starts: every x2 step either way costs 15%
+    hw = Hardware(ram_bytes=16 * GB, cpus=4)
+    peak = Surface(
+        name="peak",
+        hardware=hw,
+        names=("max_wal_size",),
+        start={"max_wal_size": "1GB"},
+        base=1000.0,
+        terms=(Term(("max_wal_size",), lambda w: 0.85 ** abs(math.log2(float(w) / 1024))),),
+    )
+    opt = descent(peak.space, peak.start, max_trials=40, coarse=0, max_passes=1)
+    log = drive(opt, peak, Bench(Noise(), 1))
+    steps = [c.config["max_wal_size"] for c, _ in log if c.role == "candidate"]
+    ups = [v for v in steps if peak.space[0].parse(v) > peak.space[0].parse("1GB")]
+    downs = [v for v in steps if peak.space[0].parse(v) < peak.space[0].parse("1GB")]
+    assert len(ups) == 2  # the first direction: a clearly worse step and one look past it
+    assert len(downs) == 1  # the second: one clearly worse step ends the knob
+    assert opt.incumbent["max_wal_size"] == "1GB"
+
+
 def test_skipping_climbs_a_slope_of_small_steps() -> None:
     # shared_buffers gains only 2-9% per x2 step: each step alone is hard to prove, so an
     # unproven step is skipped and the value one step further is tried
