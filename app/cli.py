@@ -1720,7 +1720,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="pgbench --max-tries: tries of a transaction after a serialization "
         "failure (default: 1, 10 for tpcc/chbench)",
     )
-    rp = s.add_argument_group("a captured workload (issue 28; instead of --builtin/--script)")
+    rp = s.add_argument_group("a captured workload (instead of --builtin/--script)")
     rp.add_argument(
         "--replay",
         metavar="CAPTURE",
