@@ -32,6 +32,7 @@ RULES: dict[str, str] = {  # max_connections: the target's (100 in the examples)
     "_gather": "0 up to half the CPU count, at least 1",
     "_av_workers": "1 up to the CPU count, that bound at least 3, at most 10",
     "_av_work_mem": "16MB up to RAM/16, that bound at least 64MB, at most 2GB",
+    "_io_workers": "1 up to 4 per CPU, that bound at least 8, at most 32",
 }
 
 CONTEXTS = {
@@ -86,6 +87,12 @@ def versions(spec: KnobSpec) -> str:
     return "all"
 
 
+def default(spec: KnobSpec) -> str:
+    """The built-in default, and the later versions' where one changed it."""
+    later = getattr(spec, "later_defaults", ())
+    return "; ".join([f"`{spec.default}`", *(f"`{d}` from {v}" for v, d in later)])
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -101,7 +108,7 @@ def render() -> str:
     head = "| knob | what it does | context | default | range the search may try | class |"
     rule = "|---|---|---|---|---|---|"
     if by_version:
-        head = head[:-1] + " PostgreSQL |"
+        head += " PostgreSQL |"
         rule += "---|"
     lines = [
         "# Knob reference",
@@ -121,7 +128,8 @@ def render() -> str:
         "- **class**: *at once*: judged on the session's own runs; *checkpoint cycle*: judged"
         " only on runs that hold a checkpoint; *restart*: each switch restarts the server."
         " [How long a session takes](session-length.md) gives the run lengths.",
-        "- Contexts, units and defaults are PostgreSQL 15's"
+        "- Contexts, units and defaults are PostgreSQL 15's; a default a later version"
+        " changed is given with that version"
         + ("; the last column gives the versions that have the knob." if by_version else "."),
         "",
         head,
@@ -132,7 +140,7 @@ def render() -> str:
         if spec.durability_unsafe:
             what += " (durability trade)"
         context = CONTEXTS.get(spec.context, spec.context)
-        cells = [what, context, f"`{spec.default}`", range_rule(spec), knob_class(spec)]
+        cells = [what, context, default(spec), range_rule(spec), knob_class(spec)]
         if by_version:
             cells.append(versions(spec))
         lines.append(_row(spec, *cells))
