@@ -987,6 +987,8 @@ def cmd_targets_add(args: argparse.Namespace) -> int:
         body["dsn"] = args.dsn
     else:
         body["sandbox"] = {"profile": args.profile} if args.profile else True
+    if args.recommend_only:
+        body["recommend_only"] = True
     methods = _cli_restart(args)
     if args.restart_method:
         body["restart_method"] = args.restart_method
@@ -1010,6 +1012,8 @@ def cmd_targets_add(args: argparse.Namespace) -> int:
         if t["restart_method"]
         else "no restart method: knobs that need a restart are skipped"
     )
+    if t.get("recommend_only"):
+        restart = "recommend-only: never changed; tune a twin sandbox for it"
     print(f"target {t['name']} registered: {version}, {t['dsn']}; {restart}")
     if t.get("hardware_note"):
         print(f"memory and CPUs: {t['hardware_note']}")
@@ -1587,6 +1591,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--sandbox",
         action="store_true",
         help="instead of --dsn: a new local cluster managed by the service",
+    )
+    s.add_argument(
+        "--recommend-only",
+        action="store_true",
+        help="with --dsn: a server knobtune never changes (a managed database: RDS, Cloud "
+        "SQL, Azure); no ALTER SYSTEM rights needed; it is tuned through a twin sandbox",
     )
     profile_option(s)
     s.add_argument(

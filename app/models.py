@@ -109,6 +109,9 @@ class Target(Base):
     # runs in, made again at every start of the service. None: no limits.
     sandbox_limits: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     probe: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # Never changed nor benchmarked (app/targets/recommend.py): a managed database whose
+    # settings are read; it is tuned through a twin.
+    recommend_only: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime]
     # Set instead of deleting a target whose sessions are kept as history.
     retired_at: Mapped[datetime | None]

@@ -188,6 +188,13 @@ class TargetIn(BaseModel):
         'limits), or a hardware profile: {"profile": "small"} or {"memory": "1GB", '
         '"disk_iops": 1000, "disk_mbps": 100, "cpus": 1}.',
     )
+    recommend_only: bool = Field(
+        default=False,
+        description="A server knobtune never changes (a managed database: RDS, Aurora, Cloud "
+        "SQL, Azure refuse ALTER SYSTEM): registered without ALTER SYSTEM rights, its "
+        "settings read; sessions, applies, comparisons, sweeps and live captures on it are "
+        "refused. Tune a twin sandbox instead. Needs ram_bytes and cpus (the instance's).",
+    )
 
     @field_validator("sandbox", mode="before")
     @classmethod
@@ -235,6 +242,7 @@ class TargetOut(BaseModel):
     retired_at: datetime | None = None  # set: kept only for its sessions' history
     # where the workload runs when it is not dsn (password masked): a least-privileged role
     workload_dsn: str | None = None
+    recommend_only: bool = False  # never changed: tuned through a twin
 
 
 class TargetPatch(BaseModel):

@@ -30,6 +30,7 @@ from app.runs.heartbeat import request_cancel
 from app.schemas import CAPTURE_NAME, CAPTURE_NAME_RULE, CaptureIn, CaptureOut
 from app.settings import Settings
 from app.targets.holds import server_holder
+from app.targets.recommend import refuse_if_recommend_only
 from app.targets.service import ensure_server_id
 
 CONNECT_TIMEOUT_S = 10
@@ -68,6 +69,7 @@ def create_capture(db: Database, body: CaptureIn) -> Capture:
                 f"unknown target_id {body.target_id}: register the server first",
                 fix="register-target",
             )
+    refuse_if_recommend_only(target, "be captured live (that changes its logging settings)")
     check_name(db, body.name)
     ensure_server_id(db, target)
     with db.session() as s:
@@ -155,7 +157,7 @@ def import_capture(
                 422,
                 f"the log holds no statement of database {database!r}: it must be a server "
                 "log written with log_statement = 'all' and log_line_prefix = "
-                "'%m|%u|%d|%c|' (or a csvlog)",
+                "'%m|%u|%d|%c|' (or a csvlog, or RDS's or Cloud SQL's default prefix)",
             )
         result = summaries.build(parsed, None)
     except summaries.LogFormatProblem as exc:

@@ -29,6 +29,7 @@ from app.sessions.summary import headline, lower_is_better
 from app.settings import Settings
 from app.targets.access import restart_for
 from app.targets.holds import server_holder
+from app.targets.recommend import refuse_if_recommend_only
 from app.targets.service import ensure_server_id
 from app.tuning import RequestError, rows_from_json
 from app.workloads import workload_for
@@ -112,6 +113,7 @@ def create_comparison(db: Database, settings: Settings, body: ComparisonIn) -> C
             f"unknown target_id {body.target_id}: register the server first",
             fix="list-targets",
         )
+    refuse_if_recommend_only(target, "run a comparison (it applies each config)")
     if target.retired_at is not None:
         raise ServiceError(
             422, f"target {target.id} is retired (kept for its history); register the server again"

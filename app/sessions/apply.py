@@ -29,6 +29,7 @@ from app.schemas import ApplyIn, ApplyOut, KnobChange, KnobCheck, RestartOutcome
 from app.sessions.service import get_session
 from app.settings import Settings
 from app.targets.holds import server_holder
+from app.targets.recommend import refuse_if_recommend_only
 from app.targets.service import controller, get_target
 from optimizer.knobs import SettingRow
 from optimizer.render import status_label
@@ -115,6 +116,7 @@ def _checks(
 
 
 def _check_target(db: Database, sess: TuningSession, target: Target) -> None:
+    refuse_if_recommend_only(target, "be applied to or rolled back")
     if sess.status in ACTIVE_STATUSES:
         raise ServiceError(
             409, f"session {sess.id} is still {sess.status}; apply it once it has finished"

@@ -20,6 +20,7 @@ from app.runs.heartbeat import request_cancel
 from app.schemas import Progress, SessionIn, SessionOut, TrialOut
 from app.sessions.summary import headline, outcome, resolution_note, summary
 from app.targets.holds import server_holder
+from app.targets.recommend import refuse_if_recommend_only
 from app.targets.service import ensure_server_id
 from app.tuning import (
     RequestError,
@@ -37,7 +38,9 @@ from optimizer.catalogue import default_knobs
 
 
 def validate_session(target: Target, body: SessionIn) -> None:
-    """Raise ServiceError(422) when the request cannot run on this target."""
+    """Raise ServiceError(422) when the request cannot run on this target (409 for a
+    recommend-only one: app/targets/recommend.py)."""
+    refuse_if_recommend_only(target, "run a session")
     if target.retired_at is not None:
         raise ServiceError(
             422, f"target {target.id} is retired (kept for its history); register the server again"

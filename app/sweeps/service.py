@@ -18,6 +18,7 @@ from app.runs.heartbeat import request_cancel
 from app.schemas import SessionIn, SweepIn, SweepOut
 from app.sweeps.measure import SweepError, plan_counts, server_facts
 from app.targets.holds import server_holder
+from app.targets.recommend import refuse_if_recommend_only
 from app.targets.service import ensure_server_id
 
 FAR_PAST_KNEE = 2  # a session's clients at least this many times a known knee gets a note
@@ -28,6 +29,7 @@ def create_sweep(db: Database, target_id: int, body: SweepIn) -> Sweep:
     with db.session() as s:
         found = s.get(Target, to_id(target_id))
     if found is not None:
+        refuse_if_recommend_only(found, "run a client sweep (a benchmark on it)")
         ensure_server_id(db, found)  # targets registered before server identities were kept
     if body.clients:
         # a count the server cannot take is the user's to fix now, not a failed job later

@@ -94,6 +94,8 @@ def create_target(db: Database, settings: Settings, body: TargetIn) -> Target:
             raise ServiceError(409, f"a target named {body.name!r} exists; pick another name")
     if body.restart_command is not None:
         raise _refuse_restart_command(settings)
+    if body.recommend_only:
+        _check_recommend_only(body)
     sandbox: Sandbox | None = None
     policy = policy_for(settings)
     dsn, data_dir = body.dsn or "", body.data_dir
@@ -137,6 +139,8 @@ def create_target(db: Database, settings: Settings, body: TargetIn) -> Target:
                 data_dir, trusted_dir = method.data_dir, True
         if data_dir is not None and not Path(data_dir).is_absolute():
             raise ServiceError(422, f"data_dir {data_dir!r} must be an absolute path")
+        if body.recommend_only:
+            bench_dsn = None  # no workload runs on it
     probe = None
     try:
         ctl = TargetController(
@@ -147,11 +151,13 @@ def create_target(db: Database, settings: Settings, body: TargetIn) -> Target:
             connect_timeout_s=CONNECT_TIMEOUT_S,  # unless the DSN says: fail fast
         )
         probe = ctl.probe(sorted(CATALOGUE))
-        if not probe.can_alter_system:
+        if not probe.can_alter_system and not body.recommend_only:
             raise ServiceError(
                 422,
                 "the target's user may not run ALTER SYSTEM: connect as a superuser, or "
-                "GRANT ALTER SYSTEM ON PARAMETER <knob> TO <user> for each knob (PostgreSQL 15+)",
+                "GRANT ALTER SYSTEM ON PARAMETER <knob> TO <user> for each knob (PostgreSQL 15+); "
+                "a managed database (RDS, Cloud SQL, Azure), which refuses ALTER SYSTEM, is "
+                "registered with recommend_only and tuned through a twin",
             )
         if data_dir is not None and not ctl.data_dir_verified:
             raise ServiceError(
@@ -161,7 +167,8 @@ def create_target(db: Database, settings: Settings, body: TargetIn) -> Target:
                 "service cannot read it); give the right one or omit data_dir",
             )
         _check_declared(body, probe)
-        _check_workload(ctl, bench_dsn or dsn, same_as=bench_dsn is not None, policy=policy)
+        if not body.recommend_only:  # no workload ever runs on a recommend-only server
+            _check_workload(ctl, bench_dsn or dsn, same_as=bench_dsn is not None, policy=policy)
         ram = body.ram_bytes or probe.ram_bytes
         cpus = body.cpus or probe.cpus
         if not ram or not cpus:
@@ -183,6 +190,7 @@ def create_target(db: Database, settings: Settings, body: TargetIn) -> Target:
             sandbox_dir=str(sandbox.root) if sandbox else None,
             sandbox_limits=sandbox.limits.to_json() if sandbox and sandbox.limits else None,
             server_id=probe.server_id,
+            recommend_only=body.recommend_only,
             probe={
                 "version": probe.version,
                 "version_num": probe.version_num,
@@ -215,6 +223,28 @@ def create_target(db: Database, settings: Settings, body: TargetIn) -> Target:
     except BaseException:
         _drop_sandbox(sandbox)
         raise
+
+
+def _check_recommend_only(body: TargetIn) -> None:
+    """422 for what a recommend-only server cannot have: it is never restarted, never runs
+    a workload, and is not a sandbox (a sandbox is the twin)."""
+    given = [
+        name
+        for name, value in (
+            ("sandbox", body.sandbox),
+            ("restart_method", body.restart_method),
+            ("workload_dsn", body.workload_dsn),
+        )
+        if value
+    ]
+    if given:
+        raise ServiceError(
+            422,
+            f"a recommend-only target is never changed, restarted nor benchmarked: omit "
+            f"{', '.join(given)} (a sandbox is the twin you tune; register it separately)",
+        )
+    if body.dsn is None:
+        raise ServiceError(422, "a recommend-only target needs the dsn of the server")
 
 
 def _sandbox_workload(own: Sandbox, dsn: str) -> str:
@@ -390,6 +420,7 @@ def target_out(db: Database, target: Target, settings: Settings | None = None) -
             if target.bench_dsn and target.bench_dsn != vault.UNREADABLE
             else None
         ),
+        recommend_only=bool(target.recommend_only),
     )
 
 
