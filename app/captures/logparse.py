@@ -6,7 +6,18 @@ and ``lc_messages = 'C'``. Two formats are read:
 
 * **stderr**: ``2026-11-26 11:49:53.787 UTC|user|db|6b081ce1.6191|LOG:  statement: ...``;
   the further lines of a multi-line message start with a TAB;
-* **csvlog**: PostgreSQL 12 (23 columns), 13 (24) and 14-17 (26), told apart by the count.
+* **csvlog**: PostgreSQL 12 (23 columns), 13 (24) and 14-17 (26), told apart by the count;
+* **rds**: a log downloaded from Amazon RDS or Aurora with their default
+  ``log_line_prefix = '%t:%r:%u@%d:[%p]:'``
+  (``2026-11-26 11:49:53 UTC:10.0.1.5(53422):app@shop:[4242]:LOG:  statement: ...``);
+* **cloudsql**: a log from Cloud SQL, whose prefix is ``'%m [%p]: [%l-1] db=%d,user=%u '``
+  (``2026-11-26 11:49:53.787 UTC [4242]: [3-1] db=shop,user=app LOG:  statement: ...``).
+
+The managed services' prefixes carry no session id (%c): a session is the backend's pid,
+and a pid seen again after its ``disconnection:`` is a new session. ``%t`` has whole
+seconds only, so an RDS capture's statements within one second keep their order but not
+their spacing. The prefix is matched on a line's first ``PREFIX_SCAN`` characters only: a
+huge line costs no more to recognise than a short one.
 
 Messages understood (everything else is ignored and counted in ``ignored_lines``):
 
@@ -55,6 +66,10 @@ from app.captures.sqlparse import label_text as label_text
 from app.replay.plan import PlanSession, PlanStatement, encode
 
 PREFIX = "%m|%u|%d|%c|"
+RDS_PREFIX = "%t:%r:%u@%d:[%p]:"
+CLOUDSQL_PREFIX = "%m [%p]: [%l-1] db=%d,user=%u "
+PREFIX_SCAN = 1024  # characters of a line a managed service's prefix must lie in
+LogFormat = Literal["stderr", "csvlog", "rds", "cloudsql"]
 CSV_COLUMNS = {23: "PostgreSQL 12", 24: "PostgreSQL 13", 26: "PostgreSQL 14-17"}
 
 
@@ -103,7 +118,7 @@ class ParsedLog:
     labels: tuple[Label, ...]
     ignored_lines: int
     unparsed_statements: int
-    format: Literal["stderr", "csvlog"] = "stderr"
+    format: LogFormat = "stderr"
 
     def databases(self) -> list[str]:
         """The databases of its sessions, most sessions first."""
@@ -425,8 +440,94 @@ def _stderr(text: str, acc: _Acc) -> Iterator[_Msg]:
                 continue
         if not seen and line.strip():
             raise LogFormatError(
-                f"line {no}: not a PostgreSQL log line with log_line_prefix = '{PREFIX}' "
-                "(and lc_messages = 'C'), nor csvlog"
+                f"line {no}: not a PostgreSQL log line with log_line_prefix = '{PREFIX}', "
+                f"RDS's '{RDS_PREFIX}' or Cloud SQL's '{CLOUDSQL_PREFIX}' (and lc_messages "
+                "= 'C'), nor csvlog"
+            )
+        acc.ignored += 1
+    if cur is not None:
+        if more:
+            cur.text = "\n".join([cur.text, *more])
+        yield cur
+
+
+_TS_PART = (
+    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?(?: [A-Za-z][A-Za-z0-9_/+-]*| [+-]\d\d(?::?\d\d)?)?"
+)
+_SEV_PART = r"(?P<sev>[A-Z][A-Z0-9]*):  "
+# %r is "host(port)", "[local]", an IPv6 address with colons, or empty (background
+# processes): lazily matched up to the ":user@db:[pid]:" that must follow it
+_MANAGED = {
+    "rds": re.compile(
+        rf"(?P<ts>{_TS_PART}):(?P<host>[^@]*?):(?P<user>[^@:]*)@(?P<db>[^:]*):"
+        rf"\[(?P<pid>\d+)\]:{_SEV_PART}"
+    ),
+    "cloudsql": re.compile(
+        rf"(?P<ts>{_TS_PART}) \[(?P<pid>\d+)\]: \[\d+-\d+\] "
+        rf"db=(?P<db>[^,]*),user=(?P<user>\S*) {_SEV_PART}"
+    ),
+}
+
+
+def _managed_format(line: str) -> Literal["rds", "cloudsql"] | None:
+    head = line[:PREFIX_SCAN]
+    if _MANAGED["rds"].match(head):
+        return "rds"
+    if _MANAGED["cloudsql"].match(head):
+        return "cloudsql"
+    return None
+
+
+def _managed(text: str, acc: _Acc, fmt: Literal["rds", "cloudsql"]) -> Iterator[_Msg]:
+    """Messages of a managed service's stderr log; sessions keyed by pid and generation."""
+    pattern = _MANAGED[fmt]
+    prefix = RDS_PREFIX if fmt == "rds" else CLOUDSQL_PREFIX
+    gen: dict[str, int] = {}
+    ended: set[str] = set()
+    cur: _Msg | None = None
+    more: list[str] = []
+    seen = False
+    for no, raw in enumerate(io.StringIO(text), start=1):
+        line = raw[:-1] if raw.endswith("\n") else raw
+        if line.startswith("\t"):
+            if cur is not None:
+                more.append(line[1:])
+                cur.lines += 1
+            else:
+                acc.ignored += 1
+            continue
+        if cur is not None:
+            if more:
+                cur.text = "\n".join([cur.text, *more])
+                more = []
+            yield cur
+            cur = None
+        m = pattern.match(line[:PREFIX_SCAN])
+        if m is not None and m.group("sev") in _SEVERITIES:
+            seen = True
+            pid = m.group("pid")
+            if pid in ended:  # the pid of a backend that has gone: another session
+                ended.discard(pid)
+                gen[pid] = gen.get(pid, 0) + 1
+            body = line[m.end() :]
+            if m.group("sev") == "LOG" and body.startswith("disconnection: "):
+                ended.add(pid)
+            user, db = m.group("user"), m.group("db")
+            cur = _Msg(
+                no,
+                1,
+                m.group("ts"),
+                user,
+                db,
+                f"{pid}.{gen.get(pid, 0)}",
+                m.group("sev"),
+                body,
+            )
+            continue
+        if not seen and line.strip():
+            raise LogFormatError(
+                f"line {no}: not a PostgreSQL log line with log_line_prefix = '{prefix}' "
+                "(and lc_messages = 'C')"
             )
         acc.ignored += 1
     if cur is not None:
@@ -481,9 +582,15 @@ def parse_log(text: str, *, database: str | None = None) -> ParsedLog:
     if not first:
         raise LogFormatError("line 1: the log is empty")
     acc = _Acc(database=database)
-    fmt: Literal["stderr", "csvlog"] = "csvlog" if _CSV_START.match(first) else "stderr"
+    # a managed prefix first: Cloud SQL's "... db=shop,user=app" would pass for a csvlog row
+    managed = _managed_format(first)
+    fmt: LogFormat = "csvlog" if managed is None and _CSV_START.match(first) else "stderr"
     try:
-        messages = _csvlog(text) if fmt == "csvlog" else _stderr(text, acc)
+        if managed is not None:
+            fmt = managed
+            messages = _managed(text, acc, managed)
+        else:
+            messages = _csvlog(text) if fmt == "csvlog" else _stderr(text, acc)
         for m in messages:
             acc.handle(m)
     except csv.Error:
@@ -491,7 +598,7 @@ def parse_log(text: str, *, database: str | None = None) -> ParsedLog:
     return _finish(acc, fmt)
 
 
-def _finish(acc: _Acc, fmt: Literal["stderr", "csvlog"]) -> ParsedLog:
+def _finish(acc: _Acc, fmt: LogFormat) -> ParsedLog:
     t0 = acc.t0 if acc.t0 is not None else 0.0
     started = _Clock.when(acc.first_ts) if acc.first_ts else datetime.fromtimestamp(0, UTC)
     sessions = tuple(

@@ -187,6 +187,41 @@ PROFILES: dict[str, Profile] = {
             "an 8 GB / 2 vCPU VM (AWS m6i.large, Azure D2s v5) on a gp3 volume with "
             "its throughput raised to 250 MB/s",
         ),
+        # Managed instances, for a twin (docs/managed.md). vCPUs and memory: the RDS User
+        # Guide's "Hardware specifications for DB instance classes" (db.t4g.micro 2 vCPU
+        # 1 GiB, .small 2/2, .medium 2/4; db.m6g.large 2 vCPU 8 GiB). Disk: RDS gp3 below
+        # 400 GiB allocated has a baseline of 3,000 IOPS and 125 MiB/s (RDS User Guide,
+        # "Amazon RDS DB instance storage", gp3). A t4g's CPU credits are not modelled.
+        *(
+            _profile(
+                name,
+                gib * GIB,
+                2,
+                3000,
+                125,
+                f"Amazon RDS / Aurora {name} ({gib} GiB, 2 vCPUs) on gp3 storage under "
+                "400 GiB (its baseline 3,000 IOPS and 125 MiB/s)",
+            )
+            for name, gib in (
+                ("db.t4g.micro", 1),
+                ("db.t4g.small", 2),
+                ("db.t4g.medium", 4),
+                ("db.m6g.large", 8),
+            )
+        ),
+        # Cloud SQL custom machine type db-custom-<vCPUs>-<memory MB> (Cloud SQL docs,
+        # "About instance settings": machine types). An SSD's performance scales with its
+        # size: 30 IOPS per GB (reads and writes each) and 0.48 MB/s per GB (Cloud SQL
+        # docs, "Storage options": SSD), so a 100 GB SSD gives 3,000 IOPS and 48 MB/s.
+        _profile(
+            "db-custom-1-3840",
+            3840 * MIB,
+            1,
+            3000,
+            48,
+            "Cloud SQL db-custom-1-3840 (1 vCPU, 3,840 MB) on a 100 GB SSD (30 IOPS "
+            "and 0.48 MB/s per GB: 3,000 IOPS, 48 MB/s)",
+        ),
     )
 }
 
