@@ -38,6 +38,7 @@ from app.db import Database, changed_rows, utcnow
 from app.errors import ServiceError
 from app.models import ACTIVE_STATUSES, Capture, Comparison, Schedule, Sweep, TuningSession
 from app.runs.capture import CaptureRunner
+from app.runs.crashes import session_crashed
 from app.runs.session import RunEnv, SessionRunner
 from app.runs.sweep import SweepRunner
 from app.schemas import SessionIn, errors_text
@@ -80,6 +81,7 @@ class Scheduler:
         self.claimed_captures: list[int] = []  # the captures the last claim() took
         self.claimed_comparisons: list[int] = []  # the comparisons the last claim() took
         self._lock = threading.Lock()
+        self._runs = 0  # runs handed to APScheduler, for their job ids
         self._claiming = threading.Lock()  # one claim at a time: capacity is counted once
         self._leader_conn: Connection | None = None
 
@@ -183,11 +185,18 @@ class Scheduler:
         for kind, i in claimed:
             with self._lock:
                 self._running.add((kind, i))
+                self._runs += 1
+                run_id = self._runs
+            # A claimed row must get its run: an id of its own per claim, as APScheduler
+            # skips a job whose id still counts a running instance (max_instances 1: the
+            # previous run of this row between its end and APScheduler's bookkeeping),
+            # and no misfire limit (a busy pool delays a run, never drops it). A skipped
+            # run left the row claimed by this process, in _running for good, never run.
             self.scheduler.add_job(
                 self._run,
                 args=[kind, i],
-                id=f"{kind}-{i}",
-                replace_existing=True,
+                id=f"{kind}-{i}-run{run_id}",
+                misfire_grace_time=None,
                 executor="captures" if kind in CAPTURES else "default",
             )
         return claimed
@@ -202,8 +211,11 @@ class Scheduler:
                 ComparisonRunner(self.db, self.settings, row_id, self.owner).run()
             else:
                 CaptureRunner(self.db, self.settings, row_id, self.owner).run()
-        except Exception:
+        except Exception as exc:
             log.exception("runner of %s %s crashed", kind, row_id)
+            if kind == "session":  # counted: retried a few times, then failed (no loop)
+                env = self.env or RunEnv()
+                session_crashed(self.db, self.settings, row_id, self.owner, exc, env.target)
         finally:
             with self._lock:
                 self._running.discard((kind, row_id))

@@ -68,6 +68,7 @@ from app.postgres.cgroups import smaller
 from app.postgres.dsn import scrub
 from app.postgres.roles import WorkloadRoleError, cannot_check, check_workload_role
 from app.postgres.target import PoolFill, Snapshot, TargetError
+from app.runs.crashes import CRASH_NOTE
 from app.runs.heartbeat import Cancelled, Heartbeat, LeaseLost
 from app.runs.recovery import SessionTarget, TargetRecovery
 from app.runs.store import MetadataUnavailable, SessionStore
@@ -223,6 +224,7 @@ class Loaded:
     resumed: bool
     refused: str | None = None
     noted: bool = False  # an earlier attempt wrote notes
+    crashes: list[str] = dataclasses.field(default_factory=list)  # earlier runners' crash notes
     admin_dsn: str | None = None  # a sandbox's superuser (ExecutorArgs.admin_dsn)
 
 
@@ -297,6 +299,7 @@ class SessionRunner:
                 applied=dict(sess.applied or {}),
                 resumed=sess.attempts > 0,
                 noted=bool(sess.notes),
+                crashes=[n for n in sess.notes or [] if str(n).startswith(CRASH_NOTE)],
                 admin_dsn=admin_dsn_for(target),
             )
             ctl = self.env.target(target, self.settings)
@@ -436,7 +439,8 @@ class SessionRunner:
         store.update(
             start_config=start,
             trials_planned=opt.planned_trials(),
-            **({} if loaded.resumed and loaded.noted else {"notes": notes}),
+            # a crash before the first start is noted before the plan (it counts them)
+            **({} if loaded.resumed and loaded.noted else {"notes": [*loaded.crashes, *notes]}),
         )
         if replayed:
             log.info("session %s: resumed after %d stored trials", self.session_id, replayed)
