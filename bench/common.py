@@ -13,6 +13,7 @@
   same round cancels slow drift (optimizer/compare.py, as ``knobtune compare`` reports it).
 * :func:`machine`, :func:`profile_of` and :func:`load_average`: what the output says about
   the host, the hardware profile a sandbox ran in, and how busy the host was.
+* :func:`limits_of`: the limits a script's --profile and its overrides name.
 * :func:`run_main`: every bench script's entry point, so that SIGTERM (``kill``, a
   timeout) unwinds like Ctrl-C and the script's sandboxes and cgroups are removed.
 
@@ -30,7 +31,7 @@ from typing import Any
 
 from app.cli import unwind_on_sigterm
 from app.compare.rounds import knob_names, run_rounds
-from app.postgres.cgroups import PROFILES, Limits
+from app.postgres.cgroups import PROFILES, Limits, resolve
 from app.postgres.target import TargetController
 from app.runs.trial import TrialExecutor, TrialOutcome
 from optimizer import compare
@@ -115,6 +116,17 @@ def profile_of(limits: Limits | None) -> dict[str, Any] | None:
         "describe": limits.describe(),
         "models": named.models if named else None,
     }
+
+
+def limits_of(args: Any) -> Limits | None:
+    """The limits of a bench script's --profile and its --memory, --disk-iops, --disk-mbps
+    and --cpus overrides (None: neither given, the host as it is)."""
+    given = {
+        k: v
+        for k in ("memory", "disk_iops", "disk_mbps", "cpus")
+        if (v := getattr(args, k, None)) is not None
+    }
+    return resolve(profile=args.profile, **given) if args.profile or given else None
 
 
 def load_average() -> float:

@@ -66,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.chart import final_label, points_of, render_svg  # noqa: E402
 from app.compare.rounds import run_record  # noqa: E402
-from app.postgres.cgroups import PROFILES, Limits, resolve  # noqa: E402
+from app.postgres.cgroups import PROFILES, Limits  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
 from app.runs.trial import TrialExecutor, TrialOutcome  # noqa: E402
@@ -74,6 +74,7 @@ from app.schemas import WorkloadIn  # noqa: E402
 from app.workloads import workload_for  # noqa: E402
 from bench.common import (  # noqa: E402
     interleaved,
+    limits_of,
     load_average,
     machine,
     paired_gain,
@@ -468,14 +469,7 @@ def run_workload(name: str, args: argparse.Namespace, chart: str | None = None) 
     if chart is not None:
         spec["chart"] = chart
     print(f"{name}: {spec['description']}", file=sys.stderr)
-    overrides = {
-        "memory": args.memory,
-        "disk_iops": args.disk_iops,
-        "disk_mbps": args.disk_mbps,
-        "cpus": args.cpus,
-    }
-    given = {k: v for k, v in overrides.items() if v is not None}
-    limits = resolve(profile=args.profile, **given) if args.profile or given else None
+    limits = limits_of(args)
     if args.compare:
         return compare_only(spec, json.loads(args.compare), limits, args)
     sb, load = make_sandbox(spec, limits, args)

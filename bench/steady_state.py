@@ -30,10 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.evidence import io_line  # noqa: E402
-from app.postgres.cgroups import resolve  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
 from app.runs.trial import TrialExecutor  # noqa: E402
-from bench.common import load_average, machine, profile_of, run_main  # noqa: E402
+from bench.common import limits_of, load_average, machine, profile_of, run_main  # noqa: E402
 from bench.e2e import WORKLOADS, _workload, make_sandbox, small_workload  # noqa: E402
 from optimizer.catalogue import CATALOGUE, Hardware  # noqa: E402
 from optimizer.descent import Candidate  # noqa: E402
@@ -64,17 +63,7 @@ def main() -> int:
     if args.small:
         spec["workload"] = small_workload(spec["workload"])
         args.minutes, args.run_s = 1, 3
-    given = {
-        k: v
-        for k, v in (
-            ("memory", args.memory),
-            ("disk_iops", args.disk_iops),
-            ("disk_mbps", args.disk_mbps),
-            ("cpus", args.cpus),
-        )
-        if v is not None
-    }
-    limits = resolve(profile=args.profile, **given) if args.profile or given else None
+    limits = limits_of(args)
     hw = Hardware(
         ram_bytes=(limits.memory_bytes if limits and limits.memory_bytes else None)
         or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
