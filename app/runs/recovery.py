@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +30,7 @@ from app.postgres.memory import MemoryMeter
 from app.postgres.target import (
     ApplyResult,
     ConnectError,
+    PoolCounter,
     PoolFill,
     Probe,
     Snapshot,
@@ -78,6 +80,8 @@ class SessionTarget(Protocol):
     def buffer_pool(self) -> PoolFill | None: ...
 
     def memory_meter(self) -> MemoryMeter | None: ...
+
+    def pool_counter(self) -> contextlib.AbstractContextManager[PoolCounter | None]: ...
 
 
 class RecoveryStore(Protocol):

@@ -149,6 +149,9 @@ class FakeTarget:
     def buffer_pool(self) -> PoolFill | None:
         return self.pool
 
+    def pool_counter(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # simulated: no counter, the warm-up ends on throughput
+
 
 @dataclass
 class Faults:
