@@ -473,6 +473,22 @@ def pool_refilled(allocated: Sequence[int], pool_buffers: int, window: int = 5) 
     return None
 
 
+WARM_SHARE = 0.9
+"""Share of a config's warm level its throughput must be back to before a run after a
+restart counts: the OS page cache refills after the buffer pool does."""
+
+
+def back_to_level(tps: Sequence[float], level: float, window: int) -> str | None:
+    """Is throughput back near a config's warm ``level`` (median of its last ``window``
+    seconds at least :data:`WARM_SHARE` of it)? Why, or None."""
+    if window < 1 or len(tps) < window or not level > 0:
+        return None
+    now = statistics.median(tps[-window:])
+    if now < WARM_SHARE * level:
+        return None
+    return f"throughput back to {now:.0f} ({WARM_SHARE:.0%} of its warm {level:.0f} or more)"
+
+
 def warmed_up(tps: Sequence[float], window: int = 3, rise: float = 0.05) -> bool:
     """Has throughput stopped rising after a restart (shared_buffers refilled)?
 

@@ -51,6 +51,7 @@ from optimizer.guard import (
     MemoryUse,
     MemoryWatch,
     ThroughputWatch,
+    back_to_level,
     guard_window,
     measured_memory_guard,
     memory_guard,
@@ -241,7 +242,7 @@ class TrialExecutor:
                 why = "warming up after restart" if applied.restarted else "warming up"
                 hooks.on_applied(applied_at, why)
                 t = time.monotonic()
-                out.warmed = self.warm_up()
+                out.warmed = self.warm_up(cand.config)
                 out.timings["warmup_s"] = round(time.monotonic() - t, 3)
                 hooks.check()
             # a load shift was just seen: say so while the session re-measures
@@ -305,14 +306,18 @@ class TrialExecutor:
         )
         self.remember(cand.config, out.measurement.samples, result.failed_transactions)
 
-    def warm_up(self) -> str:
-        """Discarded load after a restart until the pool is warm; says why it ended.
+    def warm_up(self, config: Mapping[str, str] | None = None) -> str:
+        """Discarded load after a restart until the server is warm; says why it ended.
 
-        Warm when the server's own counter says so (buffers allocated since the restart:
-        the pool full, or no more reads into it: ``optimizer.guard.pool_refilled``), at
-        most :data:`WARM_UP_RUNS` runs long; where the counter cannot be read, when
-        throughput levels off, at most one run. With ``warmup_run_s``: a discarded run of
-        exactly that long.
+        Warm when the server's own counter says the pool is (buffers allocated since the
+        restart: the pool full, or no more reads into it: ``optimizer.guard.pool_refilled``)
+        and, for a ``config`` measured warm before, once its throughput is back to
+        :data:`~optimizer.guard.WARM_SHARE` of that level (the OS page cache refills after
+        the pool: on TPC-C under 1 GB an incumbent whose 256MB pool refilled in 9 s after
+        a 512MB candidate ran at 144-176 tps against its 311-355), at most
+        :data:`WARM_UP_RUNS` runs long. Where the counter cannot be read, when throughput
+        levels off, at most one run. With ``warmup_run_s``: a discarded run of exactly that
+        long.
         """
         if self.warmup_run_s:
             fixed = [
@@ -326,16 +331,26 @@ class TrialExecutor:
         run_s = self.specs[0].duration_s
         seen: list[float] = []
         window = warm_up_window(run_s - self.specs[0].warmup_s)
+        runs = self._runs.get(_key(config), [])[-INCUMBENT_RUNS:] if config is not None else []
+        known = statistics.median(statistics.median(r) for r in runs if r) if runs else None
         with self.target.pool_counter() as pool:
             start = _allocated(pool)
             allocated: list[int] = []
+            refilled: list[str] = []  # why the pool counts as warm, once it does
 
             def level(s: ProgressSample) -> str | None:
+                seen.append(s.tps)
                 now = _allocated(pool)
                 if pool is not None and start is not None and now is not None:
                     allocated.append(now - start)
-                    return pool_refilled(allocated, pool.pool_buffers)
-                seen.append(s.tps)
+                    why = refilled[0] if refilled else pool_refilled(allocated, pool.pool_buffers)
+                    if why is None:
+                        return None
+                    refilled[:] = [why]
+                    if known is None:
+                        return why
+                    back = back_to_level(seen, known, window)
+                    return f"{why}, then {back}" if back else None
                 return "throughput levelled off" if warmed_up(seen, window=window) else None
 
             cap = run_s * (WARM_UP_RUNS if start is not None else 1)
@@ -348,7 +363,7 @@ class TrialExecutor:
                 app_name=self.app_name,
             )
         why = next((r.early_stop for r in results if r.early_stop), None)
-        return why or f"not settled after {cap} s"
+        return why or f"not settled after {cap} s" + (f" ({refilled[0]})" if refilled else "")
 
     # -- guards ---------------------------------------------------------------------------
     def memory_check(self, config: Config, incumbent: Config) -> str | None:
