@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.schemas import KnobIn, SessionIn, WorkloadIn
-from optimizer.catalogue import Hardware, default_knobs, knob_space
+from optimizer.catalogue import Hardware, default_knobs, knob_space, major_version
 from optimizer.counters import ServerCounters
 from optimizer.descent import Candidate, CoordinateDescent, Measurement
 from optimizer.evidence import Objective, StreamStat
@@ -67,14 +67,17 @@ def hardware_from(ram_bytes: int | None, cpus: int | None, max_connections: int 
     return Hardware(ram_bytes=ram_bytes, cpus=cpus, max_connections=max_connections)
 
 
-def build_space(body: SessionIn, rows: Mapping[str, SettingRow], hw: Hardware) -> list[Knob]:
-    """The knob space of a request: catalogue knobs narrowed to the server and the user's bounds."""
+def build_space(
+    body: SessionIn, rows: Mapping[str, SettingRow], hw: Hardware, version: int | None = None
+) -> list[Knob]:
+    """The knob space of a request: catalogue knobs narrowed to the server and the user's
+    bounds; a knob the server's major ``version`` lacks is refused."""
     entries: Sequence[str | KnobIn] = body.knobs or default_knobs(workload_kind(body))  # type: ignore[arg-type]
     names = [e if isinstance(e, str) else e.name for e in entries]
     if len(set(names)) != len(names):
         raise RequestError(f"a knob is listed twice in knobs: {names}")
     try:
-        space = knob_space(names, hw, rows, allow_unsafe=body.allow_unsafe)
+        space = knob_space(names, hw, rows, allow_unsafe=body.allow_unsafe, version=version)
     except KnobError as exc:
         raise RequestError(str(exc)) from exc
     by_name = {k.name: k for k in space}
@@ -144,7 +147,9 @@ def canonical(knob: Knob, text: str) -> str:
     return knob.format(knob.parse(text))
 
 
-def hints_for(body: SessionIn, space: Sequence[Knob], hw: Hardware) -> Config | None:
+def hints_for(
+    body: SessionIn, space: Sequence[Knob], hw: Hardware, version: int | None = None
+) -> Config | None:
     """PGTune-style values to try first, when starting from the server's current values.
 
     A rule of thumb is the baseline to beat (docs/architecture.md); tried first, its large effect is
@@ -154,17 +159,23 @@ def hints_for(body: SessionIn, space: Sequence[Knob], hw: Hardware) -> Config | 
     if body.start != "current" or not body.hints:
         return None
     names = {k.name for k in space}
-    tuned = pgtune(hw, db_type_for(workload_kind(body)))
+    tuned = pgtune(hw, db_type_for(workload_kind(body)), pg_version=version or 15)
     return {k: v for k, v in tuned.items() if k in names}
 
 
 def start_config(
-    body: SessionIn, space: Sequence[Knob], effective: Mapping[str, str], hw: Hardware
+    body: SessionIn,
+    space: Sequence[Knob],
+    effective: Mapping[str, str],
+    hw: Hardware,
+    version: int | None = None,
 ) -> Config:
     """The config the descent starts from: the server's current values, or PGTune-style."""
     config: Config = {}
     kind = workload_kind(body)
-    heuristic = pgtune(hw, db_type_for(kind)) if body.start == "heuristic" else {}
+    heuristic = (
+        pgtune(hw, db_type_for(kind), pg_version=version or 15) if body.start == "heuristic" else {}
+    )
     for knob in space:
         own = effective.get(knob.name)
         text = heuristic.get(knob.name) or own or knob.default
@@ -295,10 +306,12 @@ def session_optimizer(
     """
     rows = rows_from_json(stored["rows"])
     hw = hardware_from(stored["hardware"]["ram_bytes"], stored["hardware"]["cpus"])
-    space = build_space(body, rows, hw)
-    start = start_config(body, space, stored["target"]["effective"], hw)
+    version = major_version(stored.get("version"))  # "PostgreSQL 18.6 on ..."
+    space = build_space(body, rows, hw, version)
+    start = start_config(body, space, stored["target"]["effective"], hw, version)
     own = stored["target"]["effective"]
-    opt = make_optimizer(body, space, start, seed, hints_for(body, space, hw), server=own)
+    hints = hints_for(body, space, hw, version)
+    opt = make_optimizer(body, space, start, seed, hints, server=own)
     notes: list[str] = outside_bounds_notes(body, rows, space)
     if body.start == "heuristic":
         moved = [

@@ -1,6 +1,9 @@
 """Catalogue of PostgreSQL knobs worth tuning, with safe bounds relative to the target machine.
 
-Contexts, units, defaults and hard limits are PostgreSQL 15's (``pg_settings``); the safe
+Contexts, units, defaults and hard limits are PostgreSQL 15's (``pg_settings``), and the same
+in 16, 17 and 18 unless a spec says otherwise: a knob a version lacks has ``min_version``
+(:func:`available`), a default a later version changed is in ``later_defaults``, and a context
+a version changed comes from the server's own row (:func:`optimizer.knobs.narrow`). The safe
 bounds are narrower on purpose: they keep the search away from values that can take a
 server down (shared_buffers beyond 40% of RAM, work_mem that multiplied by the connection
 count exceeds RAM) or that nobody would recommend.
@@ -9,6 +12,7 @@ count exceeds RAM) or that nobody would recommend.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -71,6 +75,22 @@ class KnobSpec:
     floor: float = 1.0
     description: str = ""
     aliases: tuple[tuple[str, str], ...] = ()
+    # the first major version that has the knob (None: every supported version)
+    min_version: int | None = None
+    # (major version, default) from that version on, oldest first; ``default`` is 15's
+    later_defaults: tuple[tuple[int, str], ...] = ()
+
+    def available(self, version: int | None) -> bool:
+        """Whether a server of this major version has the knob (unknown version: yes)."""
+        return version is None or self.min_version is None or version >= self.min_version
+
+    def default_for(self, version: int | None) -> str:
+        """The built-in default on this major version (unknown: 15's)."""
+        out = self.default
+        for since, value in self.later_defaults:
+            if version is not None and version >= since:
+                out = value
+        return out
 
     def describe(self) -> dict[str, object]:
         """A JSON-ready description (bounds depend on the machine, see :meth:`build`)."""
@@ -86,6 +106,8 @@ class KnobSpec:
             "choices": list(self.choices or (("off", "on") if self.kind == "bool" else ())),
             "durability_unsafe": self.durability_unsafe,
             "description": self.description,
+            "min_version": self.min_version,
+            "later_defaults": {str(v): d for v, d in self.later_defaults},
         }
 
     def build(self, hw: Hardware) -> Knob:
@@ -158,6 +180,11 @@ def _av_workers(hw: Hardware) -> tuple[float, float]:
     return 1.0, float(max(3, min(10, hw.cpus)))
 
 
+def _io_workers(hw: Hardware) -> tuple[float, float]:
+    # I/O workers wait on the disk rather than use a CPU: a few per CPU, PostgreSQL's 32 at most
+    return 1.0, float(min(32, max(8, 4 * hw.cpus)))
+
+
 def _av_work_mem(hw: Hardware) -> tuple[float, float]:
     return 16 * MB / KB, min(2 * GB / KB, max(64 * MB / KB, _mb_floor(hw.ram_bytes / 16, KB)))
 
@@ -221,7 +248,21 @@ _SPECS: tuple[KnobSpec, ...] = (
     KnobSpec("random_page_cost", "real", None, "user", "4", _fixed(1.0, 8.0),
              description="planner cost of a random page read (SSD: close to 1)"),
     KnobSpec("effective_io_concurrency", "integer", None, "user", "1", _eic, floor=2,
-             description="concurrent I/O requests for bitmap heap scans"),
+             later_defaults=((18, "16"),),
+             description="concurrent read-ahead requests of a scan (bitmap heap scans; "
+                         "from 18 every read stream)"),
+    # --- asynchronous I/O (PostgreSQL 18; io_combine_limit from 17) ---
+    KnobSpec("io_method", "enum", None, "postmaster", "worker", _fixed(0, 0), step="ordered",
+             choices=("sync", "worker", "io_uring"), min_version=18,
+             description="how reads are issued: synchronously, by I/O worker processes, or "
+                         "through io_uring (where PostgreSQL was built with it)"),
+    KnobSpec("io_workers", "integer", None, "sighup", "3", _io_workers, min_version=18,
+             description="I/O worker processes (with io_method=worker)"),
+    # 18 silently caps it at io_max_combine_limit (128kB unless changed, a restart): no
+    # higher, or a trial would measure a value the server does not use
+    KnobSpec("io_combine_limit", "integer", "8kB", "user", "128kB", _fixed(1, 16),
+             min_version=17,
+             description="largest read combined into one I/O request"),
     KnobSpec("default_statistics_target", "integer", None, "user", "100", _fixed(10, 2000),
              description="histogram detail collected by ANALYZE"),
     KnobSpec("jit", "bool", None, "user", "on", _fixed(0, 0), step="ordered",
@@ -332,6 +373,22 @@ _DEFAULT_SETS: Mapping[WorkloadKind, tuple[str, ...]] = MappingProxyType(
 )
 
 
+def major_version(version: int | str | None) -> int | None:
+    """A server's major version from ``server_version_num`` (150004, 180006) or the text of
+    ``SELECT version()`` ("PostgreSQL 18.6 on x86_64..."); None when unknown."""
+    if isinstance(version, int):
+        return version // 10000 if version >= 100000 else version
+    if not version:
+        return None
+    match = re.search(r"PostgreSQL (\d+)", version) or re.match(r"\s*(\d+)", version)
+    return int(match.group(1)) if match else None
+
+
+def available_knobs(version: int | None) -> list[str]:
+    """The catalogue's knobs a server of this major version has (unknown: all)."""
+    return [name for name, spec in CATALOGUE.items() if spec.available(version)]
+
+
 def default_knobs(kind: WorkloadKind) -> list[str]:
     """Recommended knob set (in tuning order) for a workload kind; never durability-unsafe."""
     try:
@@ -348,11 +405,14 @@ def knob_space(
     rows: Mapping[str, SettingRow] | None = None,
     *,
     allow_unsafe: bool = False,
+    version: int | None = None,
 ) -> list[Knob]:
     """Build the knobs to tune, bounded for ``hardware`` and narrowed by the server's pg_settings.
 
-    Raises :class:`KnobError` for an unknown name (with close matches), a duplicate, or a
-    durability-unsafe knob without ``allow_unsafe=True``.
+    ``version``: the server's major version; a knob it lacks is refused (a name absent from
+    ``rows`` is not proof: a target probed before the knob joined the catalogue lacks it).
+    Raises :class:`KnobError` for an unknown name (with close matches), a duplicate, a knob
+    the version lacks, or a durability-unsafe knob without ``allow_unsafe=True``.
     """
     if isinstance(names, str):
         raise KnobError("names must be a list of knob names, not a single string")
@@ -367,6 +427,11 @@ def knob_space(
         if name in seen:
             raise KnobError(f"knob {name!r} listed twice")
         seen.add(name)
+        if not spec.available(version):
+            raise KnobError(
+                f"{name} exists from PostgreSQL {spec.min_version} on; this server runs "
+                f"{version}: remove it from the knobs"
+            )
         if spec.durability_unsafe and not allow_unsafe:
             raise KnobError(
                 f"{name} is durability-unsafe ({spec.description}); remove it or opt in "

@@ -125,6 +125,8 @@ def pgtune(
     # canonical PostgreSQL syntax: '6291456kB' -> '6GB', 8kB-page knobs rounded like PG does
     config: Config = {}
     for name, text in out.items():
+        if not CATALOGUE[name].available(pg_version):
+            continue  # never a setting this version lacks
         knob = CATALOGUE[name].build(hw)
         numeric = knob.kind in ("integer", "real")
         config[name] = knob.format(knob.parse(text)) if numeric else text

@@ -34,7 +34,7 @@ from app.tuning import (
 )
 from app.workloads import workload_for
 from app.workloads.base import WorkloadError
-from optimizer.catalogue import default_knobs
+from optimizer.catalogue import default_knobs, major_version
 
 
 def validate_session(target: Target, body: SessionIn) -> None:
@@ -48,7 +48,7 @@ def validate_session(target: Target, body: SessionIn) -> None:
     rows = rows_from_json((target.probe or {}).get("rows", {}))
     try:
         hw = hardware_from(target.ram_bytes, target.cpus)
-        build_space(body, rows, hw)
+        build_space(body, rows, hw, major_version((target.probe or {}).get("version_num")))
         check_session_budget(body)
         # stream names exist once the workload is built: a typo is a 422 now
         check_streams(body, [st.name for st in workload_for(body.workload).streams()])
