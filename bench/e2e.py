@@ -539,10 +539,10 @@ def run_workload(name: str, args: argparse.Namespace, chart: str | None = None) 
     vs_default = paired_gain(levels["knobtune"], levels["default"], lower)
     vs_pgtune = paired_gain(levels["knobtune"], levels["pgtune"], lower)
     claimed = session["claimed_gain"]
-    kept = (
-        (vs_default["gain"] / claimed) if claimed and claimed > 0 and vs_default["gain"] else None
-    )
-    low, high = vs_default["ci95"] or (None, None)
+    # the session's claim is against its own start: PGTune's config with --start heuristic
+    vs_start = vs_pgtune if args.start == "heuristic" else vs_default
+    kept = (vs_start["gain"] / claimed) if claimed and claimed > 0 and vs_start["gain"] else None
+    low, high = vs_start["ci95"] or (None, None)
     return {
         **record,
         "pgtune_hardware": {"ram_bytes": hw.ram_bytes, "cpus": hw.cpus},
@@ -554,6 +554,7 @@ def run_workload(name: str, args: argparse.Namespace, chart: str | None = None) 
         "knobtune_vs_default": vs_default,
         "knobtune_vs_pgtune": vs_pgtune,
         "pgtune_vs_default": paired_gain(levels["pgtune"], levels["default"], lower),
+        "claim_against": "pgtune" if args.start == "heuristic" else "default",
         "share_of_claimed_gain_confirmed": None if kept is None else round(kept, 3),
         # a small claim's share is mostly noise: is the claim inside the confirmed interval?
         "claim_within_confirmed_ci95": None

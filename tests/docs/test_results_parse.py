@@ -45,17 +45,10 @@ def _configs(text: str) -> dict[str, dict[str, str]]:
         "results-chbench-ch1",
         "results-tpcc-c1",
         "results-tpcc-c1-compare",
+        "results-tpcc-c2-headroom",
         "results-tpcc-c2-small",
-        "results-tpcc-c2-spread",
-        "results-tpcc-c2-600",
-        "results-tpcc-c2-settled",
-        "results-tpcc-c2-steady-pgtune",
-        "results-tpcc-c2-330-guard",
-        "results-tpcc-c2-330",
-        "results-tpcc-c2-keep",
         # bench/steady_state.py (test_results_steady.py runs D1)
         "results-tpcb-d1-steady",
-        "results-tpcc-c2-steady",
         # bench/search_order.py (test_results_search_order.py runs H1)
         "results-search-order",
         "results-search-order-analytic",
