@@ -978,7 +978,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
 
 def cmd_targets_add(args: argparse.Namespace) -> int:
-    if args.profile is not None:
+    if args.profile is not None or args.pg_version is not None:
         args.sandbox = True
     if bool(args.dsn) == bool(args.sandbox):
         raise UsageError("give --dsn DSN (a server of yours) or --sandbox (a new local one)")
@@ -986,7 +986,10 @@ def cmd_targets_add(args: argparse.Namespace) -> int:
     if args.dsn:
         body["dsn"] = args.dsn
     else:
-        body["sandbox"] = {"profile": args.profile} if args.profile else True
+        sandbox: dict[str, Any] = {"profile": args.profile} if args.profile else {}
+        if args.pg_version is not None:
+            sandbox["version"] = args.pg_version
+        body["sandbox"] = sandbox or True
     if args.recommend_only:
         body["recommend_only"] = True
     methods = _cli_restart(args)
@@ -1591,6 +1594,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--sandbox",
         action="store_true",
         help="instead of --dsn: a new local cluster managed by the service",
+    )
+    s.add_argument(
+        "--pg-version",
+        type=int,
+        metavar="N",
+        help="a new sandbox's PostgreSQL major version, one installed on the service's "
+        "host (default: KNOBTUNE_PG_BINDIR's, else the system's PostgreSQL)",
     )
     s.add_argument(
         "--recommend-only",

@@ -104,13 +104,24 @@ class SandboxIn(BaseModel):
         default=None, description="MB/s (10^6 bytes), reads and writes each."
     )
     cpus: StrictInt | None = Field(default=None, description="CPUs (a CFS quota).")
+    version: StrictInt | None = Field(
+        default=None,
+        ge=10,
+        le=99,
+        description="PostgreSQL major version of the sandbox's server (one installed on the "
+        "service's host, e.g. 18); default: KNOBTUNE_PG_BINDIR's, else the system's PostgreSQL.",
+    )
 
     @model_validator(mode="after")
     def _valid(self) -> SandboxIn:
         self.limits()  # raises ProfileError (a ValueError): 422 with its message
         return self
 
-    def limits(self) -> Limits:
+    def limits(self) -> Limits | None:
+        """The hardware profile's limits; None for a version alone (no limits)."""
+        given = (self.profile, self.memory, self.disk_iops, self.disk_mbps, self.cpus)
+        if self.version is not None and given == (None,) * len(given):
+            return None
         return resolve(
             profile=self.profile,
             memory=self.memory,
@@ -186,7 +197,8 @@ class TargetIn(BaseModel):
         default=False,
         description="Create a managed local PostgreSQL cluster for this target: true (no "
         'limits), or a hardware profile: {"profile": "small"} or {"memory": "1GB", '
-        '"disk_iops": 1000, "disk_mbps": 100, "cpus": 1}.',
+        '"disk_iops": 1000, "disk_mbps": 100, "cpus": 1}; {"version": 18} picks another '
+        "installed PostgreSQL version.",
     )
     recommend_only: bool = Field(
         default=False,

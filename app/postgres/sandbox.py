@@ -450,15 +450,19 @@ class Sandbox:
         port: int | None = None,
         settings: Mapping[str, str] | None = None,
         limits: Limits | None = None,
+        version: int | None = None,
     ) -> Sandbox:
         """initdb (a copy of a per-process template) and start; raises SandboxError.
+
+        ``version``: a PostgreSQL major version installed here (find_bindir), else the
+        default binaries ($KNOBTUNE_PG_BINDIR, else the system's: find_bindir).
 
         Without ``root`` a temporary directory is used. A ``root`` that did not
         exist is removed by destroy(); an existing one keeps everything but our files.
         With ``limits`` the server runs in a cgroup of its own from its first start;
         CgroupUnavailable (nothing left behind) when this host cannot make one.
         """
-        bindir = find_bindir()
+        bindir = find_bindir(version)
         as_postgres([])  # fail early and clearly when root has no postgres user
         uid, gid = _owner_ids()
         if root is None:

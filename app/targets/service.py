@@ -109,9 +109,10 @@ def create_target(db: Database, settings: Settings, body: TargetIn) -> Target:
                 422, "a sandbox restarts with its own pg_ctl: omit restart_method for it"
             )
         limits = body.sandbox.limits() if isinstance(body.sandbox, SandboxIn) else None
+        version = body.sandbox.version if isinstance(body.sandbox, SandboxIn) else None
         root = sandbox_parent(settings) / f"{body.name.replace(' ', '_')}-{secrets.token_hex(3)}"
         try:
-            sandbox = Sandbox.create(root, limits=limits)
+            sandbox = Sandbox.create(root, limits=limits, version=version)
         except CgroupUnavailable as exc:
             raise ServiceError(
                 422, f"the sandbox's hardware profile ({limits}) cannot be set up: {exc}"
