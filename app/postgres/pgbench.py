@@ -79,6 +79,10 @@ _FINISH_GRACE_S = 60.0  # beyond -T: connection setup, vacuum, final report
 # the project's root must be importable by the unprivileged user it runs as.
 PLAYER_MODULE = "app.replay.player"
 PLAYER_PYTHON_ENV = "KNOBTUNE_PLAYER_PYTHON"  # the interpreter that runs it (see find_player)
+# The player's own environment, made by .ci/bootstrap as root: a virtualenv of a system
+# Python with psycopg and a copy of knobtune's code, all readable by the unprivileged user
+# (a clone and its .venv under /root are not).
+PLAYER_DIR = Path("/opt/knobtune/player")
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -327,9 +331,8 @@ def player_env(env: dict[str, str], paths: Sequence[str] = ()) -> dict[str, str]
 
 _players: dict[int | None, tuple[str, tuple[str, ...]]] = {}
 _players_lock = threading.Lock()
-_PROBE = (
-    "import sys; assert sys.version_info[:2] == ({0}, {1}); import psycopg.pq, app.replay.player"
-)
+_PROBE = "import sys; assert sys.version_info[:2] == ({0}, {1}); "
+_PROBE_IMPORTS = "import psycopg.pq, app.replay.player"
 
 
 def find_player() -> tuple[str, tuple[str, ...]]:
@@ -337,8 +340,10 @@ def find_player() -> tuple[str, tuple[str, ...]]:
 
     This service's own interpreter when the run-as user may run it (as pgbench, the
     player never runs as root). A virtualenv under a private home (pyenv's under /root)
-    is not: then the same Python version elsewhere (``python3.11`` on PATH, /usr/bin,
-    /usr/local/bin) with this interpreter's site-packages, or $KNOBTUNE_PLAYER_PYTHON.
+    is not: then the player's environment the bootstrap made (PLAYER_DIR, any Python
+    version: its packages are its own), then the same Python version elsewhere
+    (``python3.11`` on PATH, /usr/bin, /usr/local/bin) with this interpreter's
+    site-packages, or $KNOBTUNE_PLAYER_PYTHON.
     Each is tried once, as the run-as user, importing what the player imports; the
     answer is kept for the process. Raises PgbenchError naming what to set.
     """
@@ -361,6 +366,7 @@ def find_player() -> tuple[str, tuple[str, ...]]:
             candidates.append((explicit, sites))
         else:
             candidates.append((sys.executable, ()))
+            candidates.append((str(PLAYER_DIR / "bin" / "python"), ()))
             for name in (f"python{v.major}.{v.minor}", "python3"):
                 for path in (
                     shutil.which(name),
@@ -370,7 +376,9 @@ def find_player() -> tuple[str, tuple[str, ...]]:
                     if path and path not in [c for c, _ in candidates]:
                         candidates.append((path, sites))
         for python, paths in candidates:
-            if _runs_player(python, paths, (v.major, v.minor)):
+            # the player's own environment may be another version: it brings its packages
+            same = None if python.startswith(f"{PLAYER_DIR}/") else (v.major, v.minor)
+            if _runs_player(python, paths, same):
                 _players[key] = (python, paths)
                 return _players[key]
         who = privilege.child_identity().name if privilege.dropping() else "this user"
@@ -381,12 +389,13 @@ def find_player() -> tuple[str, tuple[str, ...]]:
         )
 
 
-def _runs_player(python: str, paths: Sequence[str], version: tuple[int, int]) -> bool:
+def _runs_player(python: str, paths: Sequence[str], version: tuple[int, int] | None) -> bool:
     if not os.path.isabs(python):
         return False
+    probe = (_PROBE.format(*version) if version else "") + _PROBE_IMPORTS
     try:
         res = subprocess.run(
-            [python, "-P", "-c", _PROBE.format(*version)],
+            [python, "-P", "-c", probe],
             env=player_env(privilege.child_env(), paths),
             cwd="/",
             capture_output=True,
