@@ -7,6 +7,7 @@ NAME -> "path/to/test_file.py::test_function". The function must read its block 
 from __future__ import annotations
 
 _STEPS = "tests/docs/test_readme_steps.py"
+_PG18 = "tests/app/postgres/test_pg18.py"
 _CLI = "tests/docs/test_cli_commands.py"
 _SESSIONS = "tests/docs/test_cli_sessions.py"
 _FRESH = "tests/docs/test_fresh_copy.py"
@@ -21,6 +22,8 @@ _ORDER = "tests/docs/test_results_search_order.py::test_the_search_order_command
 _STEADY = "tests/docs/test_results_steady.py::test_the_steady_state_command_runs"
 
 COMMANDS: dict[str, str] = {
+    # docs/configuration.md
+    "sandbox-version": f"{_PG18}::test_the_manuals_commands_make_an_18_sandbox",
     # README.md
     "demo": f"{_FRESH}::test_setup_and_demo_from_a_fresh_copy",
     "tests": f"{_SITE}::test_ci_runs_the_test_command_readme_shows",
