@@ -225,7 +225,8 @@ def test_captures_have_their_own_capacity_beside_benchmarks(tmp_path: Path) -> N
         assert sched.claimed_captures == [1]  # the capture all the same
         assert sched.running_captures() == {1}
         assert sched.claim() == []  # the slots are full: the second session waits
-        assert sched.scheduler.get_job("capture-1").executor == "captures"
+        (job,) = [j for j in sched.scheduler.get_jobs() if j.id.startswith("capture-1-run")]
+        assert job.executor == "captures"
     finally:
         sched.shutdown()
         db.dispose()
