@@ -199,11 +199,7 @@ def render_cnpg(
     if restart:
         lines.append(f"# {', '.join(restart)}: the operator restarts the instances to apply them")
     lines += ["apiVersion: postgresql.cnpg.io/v1", "kind: Cluster", "spec:", "  postgresql:"]
-    if settings:
-        lines.append("    parameters:")
-        lines += [f"      {s.name}: {_yaml_str(s.native)}" for s in settings]
-    else:
-        lines.append("    parameters: {}")
+    lines += _yaml_parameters(settings, "    ")
     return "\n".join(lines) + "\n"
 
 
@@ -218,12 +214,16 @@ def render_patroni(
             f"# {', '.join(restart)}: pending restart; patronictl restart CLUSTER applies them"
         )
     lines.append("postgresql:")
-    if settings:
-        lines.append("  parameters:")
-        lines += [f"    {s.name}: {_yaml_str(s.native)}" for s in settings]
-    else:
-        lines.append("  parameters: {}")
+    lines += _yaml_parameters(settings, "  ")
     return "\n".join(lines) + "\n"
+
+
+def _yaml_parameters(settings: Sequence[Setting], indent: str) -> list[str]:
+    """A ``parameters:`` mapping at ``indent`` (``{}`` when empty), values quoted."""
+    if not settings:
+        return [f"{indent}parameters: {{}}"]
+    rows = [f"{indent}  {s.name}: {_yaml_str(s.native)}" for s in settings]
+    return [f"{indent}parameters:", *rows]
 
 
 def render(

@@ -8,6 +8,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -209,3 +212,22 @@ NO_CGROUPS = _cgroups_missing()
 needs_cgroups = pytest.mark.skipif(
     NO_CGROUPS is not None, reason=f"host lacks cgroups: {NO_CGROUPS}"
 )
+
+
+HOST_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+
+
+@contextmanager
+def metadata_db(prefix: str) -> Iterator[str]:
+    """A PostgreSQL metadata DB of the caller's own on the host's server, as a SQLAlchemy
+    URL; dropped after (connections and all)."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(HOST_ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with psycopg.connect(HOST_ADMIN_DSN, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )

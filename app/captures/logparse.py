@@ -55,7 +55,7 @@ import csv
 import hashlib
 import io
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Literal
@@ -409,7 +409,12 @@ _SEVERITIES = {
 _CSV_START = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?(?: [^,|]*)?,")
 
 
-def _stderr(text: str, acc: _Acc) -> Iterator[_Msg]:
+def _lines(
+    text: str, acc: _Acc, head: Callable[[int, str], _Msg | None], expected: str
+) -> Iterator[_Msg]:
+    """Messages of a stderr log: a line ``head`` reads as a message's first (its prefix
+    and severity), and the tab-indented lines after it. Raises LogFormatError, naming
+    ``expected``, when the first non-blank line is not one."""
     cur: _Msg | None = None
     more: list[str] = []
     seen = False
@@ -428,27 +433,36 @@ def _stderr(text: str, acc: _Acc) -> Iterator[_Msg]:
                 more = []
             yield cur
             cur = None
-        parts = line.split("|", 4)
-        if len(parts) == 5:
-            i = parts[4].find(":  ")
-            severity = parts[4][:i] if i > 0 else ""
-            if severity in _SEVERITIES and _TS.match(parts[0]):
-                seen = True
-                cur = _Msg(
-                    no, 1, parts[0], parts[1], parts[2], parts[3], severity, parts[4][i + 3 :]
-                )
-                continue
+        cur = head(no, line)
+        if cur is not None:
+            seen = True
+            continue
         if not seen and line.strip():
-            raise LogFormatError(
-                f"line {no}: not a PostgreSQL log line with log_line_prefix = '{PREFIX}', "
-                f"RDS's '{RDS_PREFIX}' or Cloud SQL's '{CLOUDSQL_PREFIX}' (and lc_messages "
-                "= 'C'), nor csvlog"
-            )
+            raise LogFormatError(f"line {no}: not a PostgreSQL log line with {expected}")
         acc.ignored += 1
     if cur is not None:
         if more:
             cur.text = "\n".join([cur.text, *more])
         yield cur
+
+
+def _stderr(text: str, acc: _Acc) -> Iterator[_Msg]:
+    def head(no: int, line: str) -> _Msg | None:
+        parts = line.split("|", 4)
+        if len(parts) == 5:
+            i = parts[4].find(":  ")
+            severity = parts[4][:i] if i > 0 else ""
+            if severity in _SEVERITIES and _TS.match(parts[0]):
+                return _Msg(
+                    no, 1, parts[0], parts[1], parts[2], parts[3], severity, parts[4][i + 3 :]
+                )
+        return None
+
+    expected = (
+        f"log_line_prefix = '{PREFIX}', RDS's '{RDS_PREFIX}' or Cloud SQL's "
+        f"'{CLOUDSQL_PREFIX}' (and lc_messages = 'C'), nor csvlog"
+    )
+    return _lines(text, acc, head, expected)
 
 
 _TS_PART = (
@@ -484,56 +498,22 @@ def _managed(text: str, acc: _Acc, fmt: Literal["rds", "cloudsql"]) -> Iterator[
     prefix = RDS_PREFIX if fmt == "rds" else CLOUDSQL_PREFIX
     gen: dict[str, int] = {}
     ended: set[str] = set()
-    cur: _Msg | None = None
-    more: list[str] = []
-    seen = False
-    for no, raw in enumerate(io.StringIO(text), start=1):
-        line = raw[:-1] if raw.endswith("\n") else raw
-        if line.startswith("\t"):
-            if cur is not None:
-                more.append(line[1:])
-                cur.lines += 1
-            else:
-                acc.ignored += 1
-            continue
-        if cur is not None:
-            if more:
-                cur.text = "\n".join([cur.text, *more])
-                more = []
-            yield cur
-            cur = None
+
+    def head(no: int, line: str) -> _Msg | None:
         m = pattern.match(line[:PREFIX_SCAN])
-        if m is not None and m.group("sev") in _SEVERITIES:
-            seen = True
-            pid = m.group("pid")
-            if pid in ended:  # the pid of a backend that has gone: another session
-                ended.discard(pid)
-                gen[pid] = gen.get(pid, 0) + 1
-            body = line[m.end() :]
-            if m.group("sev") == "LOG" and body.startswith("disconnection: "):
-                ended.add(pid)
-            user, db = m.group("user"), m.group("db")
-            cur = _Msg(
-                no,
-                1,
-                m.group("ts"),
-                user,
-                db,
-                f"{pid}.{gen.get(pid, 0)}",
-                m.group("sev"),
-                body,
-            )
-            continue
-        if not seen and line.strip():
-            raise LogFormatError(
-                f"line {no}: not a PostgreSQL log line with log_line_prefix = '{prefix}' "
-                "(and lc_messages = 'C')"
-            )
-        acc.ignored += 1
-    if cur is not None:
-        if more:
-            cur.text = "\n".join([cur.text, *more])
-        yield cur
+        if m is None or m.group("sev") not in _SEVERITIES:
+            return None
+        pid = m.group("pid")
+        if pid in ended:  # the pid of a backend that has gone: another session
+            ended.discard(pid)
+            gen[pid] = gen.get(pid, 0) + 1
+        body = line[m.end() :]
+        if m.group("sev") == "LOG" and body.startswith("disconnection: "):
+            ended.add(pid)
+        sid = f"{pid}.{gen.get(pid, 0)}"
+        return _Msg(no, 1, m.group("ts"), m.group("user"), m.group("db"), sid, m.group("sev"), body)
+
+    return _lines(text, acc, head, f"log_line_prefix = '{prefix}' (and lc_messages = 'C')")
 
 
 def _csvlog(text: str) -> Iterator[_Msg]:

@@ -7,7 +7,6 @@ with its own settings (pg_settings, pg_file_settings).
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,23 +20,16 @@ from sqlalchemy import create_engine, text
 from app.postgres.pgbench import init_data
 from tests.acceptance.conftest import wait_session
 from tests.conftest import SandboxFactory
-from tests.helpers import ServiceProcess, file_settings
+from tests.helpers import ServiceProcess, file_settings, metadata_db
 
-ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 QUICK = {"builtin": "tpcb-like", "scale": 1, "clients": 2, "jobs": 1, "duration_s": 3}
 
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """The shared metadata DB: a database of this test's own on the host's server."""
-    name = f"knobtune_2p_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    finally:
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with metadata_db("knobtune_2p") as url:
+        yield url
 
 
 def lease_owner(url: str, sid: int) -> str | None:

@@ -2,33 +2,25 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from alembic import command
 from sqlalchemy import create_engine, inspect
 
 from app.db import alembic_config, downgrade, upgrade
+from tests.helpers import metadata_db
 
 # The machine's shared PostgreSQL (never reconfigured: we only create and drop
 # a database of our own on it).
-ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 TABLES = {"targets", "sessions", "trials", "schedules", "alembic_version"}
 
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:
-    name = f"knobtune_mig_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    finally:
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with metadata_db("knobtune_mig") as url:
+        yield url
 
 
 @pytest.fixture

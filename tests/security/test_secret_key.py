@@ -16,13 +16,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 from cryptography.fernet import Fernet
 from fastapi.testclient import TestClient
@@ -33,9 +31,8 @@ from app.db import Database, upgrade, utcnow
 from app.main import create_app
 from app.postgres.sandbox import free_port
 from app.settings import Settings
-from tests.helpers import ROOT, ServiceProcess
+from tests.helpers import ROOT, ServiceProcess, metadata_db
 
-ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 K1, K2 = Fernet.generate_key().decode(), Fernet.generate_key().decode()
 PASSWORD = "Sk-across-processes-7q"
 
@@ -43,14 +40,8 @@ PASSWORD = "Sk-across-processes-7q"
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A PostgreSQL metadata DB of this test's own on the host's server (dropped after)."""
-    name = f"knobtune_key_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    finally:
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with metadata_db("knobtune_key") as url:
+        yield url
 
 
 def start(url: str, work_dir: Path, **settings: Any) -> TestClient:
