@@ -1132,10 +1132,13 @@ class TargetController:
 
         After a crash of the service its pgbench (a process group of its own) runs
         on; the next process ends those connections instead of benchmarking beside them.
+        Each is waited for (up to 5 s, PostgreSQL 14+): a backend the memory guard
+        stopped frees its memory only as it exits, and the next run must not start
+        beside it.
         """
         with self._connect() as conn:
             rows = conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
                 "WHERE left(application_name, length(%s)) = %s AND pid <> pg_backend_pid()",
                 [application_prefix, application_prefix],
             ).fetchall()
