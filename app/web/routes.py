@@ -331,6 +331,7 @@ def _index(
                     else None
                 ),
                 "version": (t.probe or {}).get("version"),
+                "recommend_only": t.recommend_only,
                 "busy": busy.get(t.id),
                 "capturing": capturing.get(t.id),
             }
@@ -436,6 +437,7 @@ def register_target(request: Request, db: DB, settings: AppSettings, form: Form)
     body: dict[str, Any] = {
         "name": form.get("name", "").strip(),
         "sandbox": form.get("sandbox") == "on",
+        "recommend_only": form.get("recommend_only") == "on",
     }
     for key in ("dsn", "restart_method", "data_dir", "cpus"):
         if value := form.get(key, "").strip():

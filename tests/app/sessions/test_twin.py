@@ -252,3 +252,30 @@ def test_a_twin_session_from_an_rds_log_to_rds_and_cnpg_exports(client: TestClie
     finally:
         client.delete(f"/api/v1/targets/{twin['id']}", params={"history": "drop"})
         client.delete(f"/api/v1/captures/{cap['id']}")
+
+
+def test_the_dashboard_registers_and_shows_a_recommend_only_target(
+    client: TestClient, managed: tuple[Sandbox, int]
+) -> None:
+    page = client.get("/").text
+    assert 'name="recommend_only"' in page
+    # listed with its tag, offered to no session and to no sweep
+    rows = [r.split("</tr>")[0] for r in page.split('<tr class="target-row">')[1:]]
+    (row,) = [r for r in rows if "rds-prod" in r]
+    assert "recommend-only" in row
+    assert "sweep clients" not in row
+    select = page[page.index('<select name="target_id">') :].split("</select>")[0]
+    assert "rds-prod" not in select
+    with Sandbox.create() as other:
+        form = {"name": "rds-web", "dsn": other.bench_dsn, "ram_gib": "4", "cpus": "1"}
+        # without the box ticked, refused, saying what to tick
+        r = client.post("/targets", data=form)
+        assert r.status_code == 422
+        assert "recommend_only" in r.text
+        r = client.post("/targets", data={**form, "recommend_only": "on"}, follow_redirects=False)
+        assert r.status_code == 303, r.text
+        t = next(t for t in client.get("/api/v1/targets").json() if t["name"] == "rds-web")
+        assert t["recommend_only"] is True
+        assert (t["ram_bytes"], t["cpus"]) == (4 * 2**30, 1)
+        r = client.delete(f"/api/v1/targets/{t['id']}", params={"history": "drop"})
+        assert r.status_code == 204
