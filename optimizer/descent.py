@@ -247,6 +247,9 @@ class CoordinateDescent:
         self._pos = 0  # index in space of the knob being tuned, for planned_trials()
         self.stop_reason: str | None = None
         self._final: dict[str, list[_Run]] = {}  # role -> runs, once the final check began
+        # what the other config's runs said about each jump (notes), and the jumps read
+        self.shift_readings: list[str] = []
+        self._read: set[tuple[int, int]] = set()
         self._final_left = 0  # runs of the final check still to perform
         self.final_verdict: Verdict | None = None  # the final check's, once it is complete
         self.final_rejected: Config | None = None  # the walk's best, if the final check failed it
@@ -645,7 +648,38 @@ class CoordinateDescent:
     def _final_shifts(self) -> list[Shift]:
         """Load shifts inside the final check (its interval already counts them as noise)."""
         first = min(r.index for runs in self._final.values() for r in runs)
-        return [sh for sh in self.shifts if sh.trial > first]
+        keys = (self._key(self._baseline), self._key(self._inc))
+        found, pending = self._load_shifts(first, keys, after=True)
+        return found + pending
+
+    def _load_shifts(
+        self, since: int, pair: tuple[Key, Key], *, after: bool = False
+    ) -> tuple[list[Shift], list[Shift]]:
+        """The jumps in runs of ``pair`` (incumbent, candidate) from trial ``since`` on
+        (``after``: past it), as (the load moved, not known yet). A jump the other config's
+        runs around it did not share is that config's own scatter: not a shift (its runs
+        all count, and their spread widens the verdict's interval); each reading is noted
+        once. Not known yet counts only a jump that could flatter the candidate (the
+        incumbent's runs down, the candidate's up): one the other way cannot make a false
+        keep, and waiting on it would stall a config that jumps every other run."""
+        found: list[Shift] = []
+        pending: list[Shift] = []
+        for sh in self.shifts:
+            if (sh.trial <= since if after else sh.earlier < since) or sh.key not in pair:
+                continue
+            other = pair[1] if sh.key == pair[0] else pair[0]
+            witness = self._ledger.witness(sh, other)
+            if witness is None:
+                if (sh.change < 0) == (sh.key == pair[0]):
+                    pending.append(sh)
+                continue
+            host = sh.moved_alike(witness)
+            if (sh.trial, sh.earlier) not in self._read:
+                self._read.add((sh.trial, sh.earlier))
+                self.shift_readings.append(sh.reading(witness, host))
+            if host:
+                found.append(sh)
+        return found, pending
 
     def _advance(self, m: Measurement | _Cancel | None) -> _Request | None:
         try:
@@ -953,13 +987,18 @@ class CoordinateDescent:
                     v = self._judge((inc_key, key), judged, window_cand)
                     # a shift between two runs inside the window (earlier ones do no harm:
                     # the window's runs all come after them)
-                    found = [sh for sh in self.shifts if sh.earlier >= since]
-                    if found:
+                    found, pending = self._load_shifts(since, (inc_key, key))
+                    if pending and not found and v.keep:
+                        # a jump whose cause the other config's next run will tell
+                        why = v.reason.replace("kept", "not kept yet (a jump to tell first)", 1)
+                        v = replace(v, keep=False, reason=why)
+                    elif found:
                         # the server's load moved inside the window: decide nothing on it;
                         # start the window again after the latest shift and re-measure
                         moved += len(found)
                         since = max(sh.trial for sh in found)
-                        v = replace(v, keep=False, shift=True)
+                        why = v.reason.replace("kept", "not kept yet (the load moved)", 1)
+                        v = replace(v, keep=False, shift=True, reason=why)
                     elif v.keep and v.adjacent:
                         self._inc = cand_vals
                         if name is not None:
@@ -971,8 +1010,7 @@ class CoordinateDescent:
                     # that the candidate is not worth more runs (rejecting needs no adjacency)
                     recent = self._ledger.recent(inc_key, self._trials)
                     if recent:
-                        v = self._judge((inc_key, key), recent, cand)
-                        v = replace(v, keep=False)
+                        v = self._not_kept(self._judge((inc_key, key), recent, cand))
                 if v is not None:
                     assert v.se is not None
                     self._looking = (self._about, v)
@@ -1062,10 +1100,12 @@ class CoordinateDescent:
     def _not_kept(self, v: Verdict) -> Verdict:
         """An evaluation ended without a keep (its verdict may have been credible but not
         time-adjacent, or shifted)."""
-        if not v.keep:
-            return v
+        if not v.reason.startswith("kept"):
+            return replace(v, keep=False)
+        # a credible gain that was not kept says why, never "kept" (C2 stored "revert"
+        # with "kept: gain +47.0% (p=0.025)" from a verdict set to keep=False on its way)
         return replace(
-            v, keep=False, reason=v.reason.replace("kept", "not kept (no adjacent runs)")
+            v, keep=False, reason=v.reason.replace("kept", "not kept (no adjacent runs)", 1)
         )
 
     def _finish(self, name: str | None, text: str, v: Verdict) -> Verdict:

@@ -60,19 +60,49 @@ class _Run(Run):
 
 @dataclass(frozen=True)
 class Shift:
-    """Runs of one config that moved more than the noise allows: the server's load changed."""
+    """Runs of one config that moved more than the noise allows: either the server's load
+    changed, or the config scatters on its own (:meth:`RunLedger.witness` tells which)."""
 
     trial: int  # the later run's trial index
     earlier: int  # the earlier run's trial index
     change: float  # fraction the later run is above (+) or below (-) the earlier
     allowed: float  # the change the noise allows (SHIFT_Z sds of a difference)
     about: str  # what was being evaluated
+    key: Key = ()  # the config whose runs moved
 
     def text(self) -> str:
         return (
-            f"the server's load moved: runs {self.earlier + 1} and {self.trial + 1} of one "
-            f"config differ by {self.change:+.0%} (noise allows about +-{self.allowed:.0%}) "
-            f"while evaluating {self.about}; re-measuring instead of deciding"
+            f"runs {self.earlier + 1} and {self.trial + 1} of one config differ by "
+            f"{self.change:+.0%} (noise allows about +-{self.allowed:.0%}) while evaluating "
+            f"{self.about}: the server's load moved, or that config scatters on its own; "
+            "nothing is decided until the other config's next run tells which"
+        )
+
+    def moved_alike(self, witness: float) -> bool:
+        """Whether the other config's change (``witness``) shows the same move: the same
+        direction and at least half its size, in logs (a load change moves both)."""
+        if math.isnan(witness):
+            return True
+        d = math.log1p(self.change)
+        return math.copysign(1.0, d) * math.log1p(witness) > abs(d) / 2
+
+    def reading(self, witness: float, host: bool) -> str:
+        """What the other config's runs around it said (``witness``: their change)."""
+        runs = f"runs {self.earlier + 1} and {self.trial + 1} ({self.change:+.0%})"
+        if math.isnan(witness):
+            return (
+                f"{runs}: the other config has no run before them to tell; taken as the "
+                "server's load moving, re-measuring after it"
+            )
+        if host:
+            return (
+                f"{runs}: the other config's runs around them moved too ({witness:+.0%}): "
+                "the server's load moved; re-measuring after it"
+            )
+        return (
+            f"{runs}: the other config's runs around them moved {witness:+.0%}: that "
+            "config scatters on its own (not the load); all its runs count, their spread "
+            "widening the interval"
         )
 
 
@@ -146,14 +176,14 @@ class RunLedger:
         runs = self.runs.setdefault(key, [])
         if runs and run.index - runs[-1].index <= self.settings.incumbent_window:
             for a, b, _z in shifts([runs[-1], run], self.settings.run_sd):
-                self._shift(a, b, about)
+                self._shift(a, b, about, key)
                 self._shifted_at[key] = run.index  # older runs no longer describe it
         runs.append(run)
         if m.counters is not None:
             self.counters.setdefault(key, []).append(m.counters)
         return run
 
-    def _shift(self, a: Run, b: Run, about: str) -> Shift:
+    def _shift(self, a: Run, b: Run, about: str, key: Key) -> Shift:
         run_sd = self.settings.run_sd
         sd = math.sqrt(2 * run_sd**2 + a.stat.within_var + b.stat.within_var)
         allowed = math.expm1(SHIFT_Z * sd)
@@ -163,10 +193,30 @@ class RunLedger:
             change=math.expm1(b.stat.centre - a.stat.centre),
             allowed=allowed,
             about=about,
+            key=key,
         )
         if all((x.trial, x.earlier) != (sh.trial, sh.earlier) for x in self.shifts):
             self.shifts.append(sh)
         return sh
+
+    def witness(self, sh: Shift, other: Key) -> float | None:
+        """How ``other``'s runs moved across the shift: the change from its last run before
+        the shift's earlier run to its first run after the later one (None: no such run
+        after it yet; NaN: none before it, so none can tell).
+
+        A change of the server's load moves every config alike; runs of one config that
+        jump while the other's around them stay put are that config's own scatter. On C2,
+        PGTune's 256MB pool ran 149-373 tps from run to run, with no restart between some,
+        while a 512MB pool's runs interleaved with them held 460-519.
+        """
+        runs = self.runs.get(other, [])
+        before = [r for r in runs if r.index < sh.earlier]
+        after = [r for r in runs if r.index > sh.trial]
+        if not before:
+            return math.nan  # nothing can tell: taken as the load, as it may be
+        if not after:
+            return None
+        return math.expm1(after[0].stat.centre - before[-1].stat.centre)
 
     def recent(self, key: Key, trials: int) -> list[_Run]:
         """The config's runs recent enough to compare with, ``trials`` runs into the session:

@@ -249,6 +249,7 @@ class SessionRunner:
         self.store = SessionStore(db, session_id, owner, self._safe)
         self._last_error: str | None = None
         self._shifts_noted = 0
+        self._readings_noted = 0
         self._aside_noted = 0  # checkpoint knobs set aside, noted
         self._orders_noted = 0  # the search orders the counters set (opt.orderings), noted
         self._phases_noted = 0  # changes of run length (opt.phases), noted
@@ -430,6 +431,7 @@ class SessionRunner:
         done: list[Trial] = []  # successful stored runs: the performance guard's levels
         replayed = store.replay(opt, done.append)
         self._shifts_noted = len(opt.shifts)  # a resumed session noted these already
+        self._readings_noted = len(opt.shift_readings)
         self._aside_noted = len(opt.set_aside)
         self._orders_noted = len(opt.orderings)
         self._phases_noted = len(opt.phases)
@@ -623,6 +625,10 @@ class SessionRunner:
         for sh in opt.shifts[self._shifts_noted :]:
             self.store.note(sh.text())
         self._shifts_noted = len(opt.shifts)
+        # what the other config's runs then said about each jump (the load, or scatter)
+        for text in opt.shift_readings[self._readings_noted :]:
+            self.store.note(text)
+        self._readings_noted = len(opt.shift_readings)
         # the counters ordered the walk (optimizer/order.py)
         for note in opt.orderings[self._orders_noted :]:
             self.store.note(note)

@@ -183,7 +183,8 @@ class TrialExecutor:
     def run(self, cand: Candidate, *, incumbent: Config, remeasuring: bool = False) -> TrialOutcome:
         """Measure ``cand`` (``incumbent``: the config the guards compare it with).
 
-        ``remeasuring``: the server's load just moved, and the phase says so.
+        ``remeasuring``: runs of one config just jumped (the load, or its own scatter), and
+        the phase says so.
         """
         out = TrialOutcome(cand, utcnow(), measurement((), error="not measured"))
         if self.bench_lock is None:
@@ -247,7 +248,8 @@ class TrialExecutor:
                 hooks.check()
             # a load shift was just seen: say so while the session re-measures
             hooks.on_phase(
-                describe(cand) + (" (the server's load moved: re-measuring)" if remeasuring else "")
+                describe(cand)
+                + (" (runs of one config jumped: re-measuring)" if remeasuring else "")
             )
             try:
                 t = time.monotonic()

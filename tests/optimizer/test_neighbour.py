@@ -140,3 +140,34 @@ def test_long_queries_are_judged_on_transactions() -> None:
         # kept, and measured by the final check (credibly or not: 3 + 3 runs of 40 s)
         found += opt.incumbent["work_mem"] != "4MB" and opt.claim in ("confirmed", "not-credible")
     assert found >= 5
+
+
+def _scatter_session(step: float | None) -> CoordinateDescent:
+    """C2's shape (docs/results/tpcc-c2-small.md): work_mem 4MB's runs jump between about
+    340 and 150-210 tps on their own (before the witness rule: undecided after three
+    "load shifts", the +40% step not kept); every other value runs at ``step``, steadily (None:
+    jumps the same way, a no-op). The machine adds only a little noise."""
+    levels = [360.0, 370.0, 210.0, 340.0, 150.0, 340.0, 205.0, 340.0] * 10
+    hw = Hardware(ram_bytes=16 * GB, cpus=4)
+    opt = descent(knob_space(["work_mem"], hw), {"work_mem": "4MB"}, max_trials=20)
+    bench = Bench(Noise(cv=0.05, drift_sd=0.01, outlier_p=0.0), 0)
+    own = iter(levels)
+    while (c := opt.suggest()) is not None:
+        level = step if step is not None and c.config["work_mem"] != "4MB" else next(own)
+        opt.register(c, bench.measure(level))
+    return opt
+
+
+def test_a_config_that_scatters_on_its_own_is_judged_not_taken_for_a_load_shift() -> None:
+    opt = _scatter_session(470.0)  # a steady +40% step
+    assert opt.shifts  # the jumps were seen...
+    assert any("scatters on its own" in t for t in opt.shift_readings), opt.shift_readings
+    assert not any("load moved" in t for t in opt.shift_readings)
+    (_, knob, _, v), *_ = opt.verdicts
+    assert (knob, v.keep, v.shift) == ("work_mem", True, False), opt.verdicts  # ...and judged
+    assert opt.incumbent["work_mem"] != "4MB"
+
+
+def test_a_no_op_whose_runs_scatter_alike_is_not_kept() -> None:
+    opt = _scatter_session(None)
+    assert opt.incumbent == opt.baseline, opt.verdicts
