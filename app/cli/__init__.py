@@ -2199,7 +2199,3 @@ def main(argv: list[str] | None = None) -> int:
             _fail(exc)
             return EXIT_ERROR
         raise
-
-
-if __name__ == "__main__":
-    sys.exit(main())
