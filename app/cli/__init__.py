@@ -8,8 +8,6 @@ scheduler), so the CLI and the service share one code path.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import gc
 import json
 import os
@@ -19,13 +17,35 @@ import signal
 import sys
 import tempfile
 import time
-import warnings
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from app.cli.follow import follow, follow_job
+from app.cli.shared import (
+    EXIT_BY_OUTCOME,
+    EXIT_ERROR,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Api,
+    CliError,
+    Help,
+    UsageError,
+    clients_arg,
+    connect,
+    duration,
+    error_detail,
+    existing_metadata_db,
+    fail,
+    out_dir,
+    print_json,
+    read_script,
+    reader,
+    write_text,
+)
 from app.postgres.cgroups import PROFILES, CgroupUnavailable, Limits, ProfileError, resolve
 from optimizer.render import status_label
 
@@ -37,312 +57,10 @@ DEMO_SORT_SQL = (
 )
 
 
-class CliError(Exception):
-    """One line for the user, saying what to do; printed without a traceback (exit 1)."""
-
-
-class UsageError(CliError):
-    """Options that do not go together: a usage error like argparse's own (exit 2)."""
-
-
-# Exit statuses (docs/cli.md has the table). A finished session's comes from its outcome
-# (app/sessions/summary.py: outcome(), the API's SessionOut.outcome), so a script reads
-# the same answer as the API's clients.
-EXIT_OK = 0  # done; for a session: a better config, confirmed by the final check
-EXIT_ERROR = 1  # the command could not do what was asked (the message says why)
-EXIT_USAGE = 2  # a usage error: argparse's, or options that do not go together
-EXIT_NO_CHANGE = 3  # the session finished and recommends no change
-EXIT_UNCONFIRMED = 4  # the session finished with a gain its final check did not confirm
-EXIT_FAILED = 5  # the session (or sweep, capture) ran and failed; the target was restored
-EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM, or the session was cancelled
-EXIT_BY_OUTCOME = {
-    "confirmed": EXIT_OK,
-    "no-change": EXIT_NO_CHANGE,
-    "unconfirmed": EXIT_UNCONFIRMED,
-    "failed": EXIT_FAILED,
-    "cancelled": EXIT_INTERRUPTED,
-}
-
-
-# -- API access --------------------------------------------------------------------
-class Api:
-    def __init__(self, client: httpx.Client) -> None:
-        self.client = client
-
-    def call(self, method: str, path: str, **kw: Any) -> Any:
-        try:
-            r = self.client.request(method, path, **kw)
-        except httpx.HTTPError as exc:
-            raise CliError(f"cannot reach the knobtune service: {exc}") from exc
-        if r.status_code >= 400:
-            raise CliError(_detail(r))
-        if r.headers.get("content-type", "").startswith("application/json"):
-            return r.json()
-        return r.text
-
-
-def _detail(r: httpx.Response) -> str:
-    try:
-        detail = r.json().get("detail")
-    except ValueError:
-        return f"HTTP {r.status_code}: {r.text[:300]}"
-    if isinstance(detail, list):  # pydantic validation errors
-        parts = []
-        for d in detail:
-            loc = ".".join(str(x) for x in d.get("loc", [])[1:])
-            parts.append(f"{loc}: {d.get('msg')}" if loc else str(d.get("msg")))
-        return "; ".join(parts)
-    return str(detail)
-
-
-@contextlib.contextmanager
-def connect(
-    server: str | None,
-    token: str | None,
-    *,
-    database_url: str | None = None,
-    work_dir: Path | None = None,
-    run_scheduler: bool = True,
-    restart_methods: dict[str, Any] | None = None,
-) -> Iterator[Api]:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    if server:
-        with httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=60) as client:
-            yield Api(client)
-        return
-    with warnings.catch_warnings():
-        # Starlette nudges toward another HTTP client package; irrelevant to users here.
-        warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
-        from fastapi.testclient import TestClient
-
-    from app.main import create_app
-    from app.settings import Settings
-
-    # The operator acting on their own machine: targets may be its local servers, and a
-    # DSN target's workload may run as the DSN's user (app/postgres/connect.py, roles.py).
-    overrides: dict[str, Any] = {"local_operator": True}
-    if database_url:
-        overrides["database_url"] = database_url
-    if work_dir:
-        overrides["work_dir"] = work_dir
-    if not run_scheduler:
-        overrides["run_scheduler"] = False  # read-only commands must not start sessions
-    if restart_methods:
-        # The CLI is the operator of its in-process service: it may declare methods (argv,
-        # never a shell), besides those of KNOBTUNE_RESTART_METHODS.
-        base = Settings(**overrides).restart_methods
-        overrides["restart_methods"] = {**base, **restart_methods}
-    settings = Settings(**overrides)
-    token = token or (settings.api_token.get_secret_value() if settings.api_token else None)
-    if token:
-        headers = {"Authorization": f"Bearer {token}"}
-    with TestClient(create_app(settings), headers=headers, raise_server_exceptions=False) as client:
-        yield Api(client)
-
-
-# -- live view ----------------------------------------------------------------------
-def follow(
-    api: Api, body: dict[str, Any], announce: Callable[[dict[str, Any]], str]
-) -> dict[str, Any]:
-    """Start a session (``body``: its request), say ``announce(session)`` ("session N ..."),
-    then show trials and progress until it ends; Ctrl-C cancels it cleanly.
-
-    On a terminal: a live table with a progress bar. Otherwise (logs, pipes): one
-    line per finished trial, so the output reads well after the fact.
-    """
-    # The handler before the POST: a Ctrl-C while the session is being made, or right
-    # after "session N" appeared, must cancel it too. Outside it, a Ctrl-C during the POST
-    # left the session running, and one after the line was printed was lost where the CLI
-    # inherited SIGINT ignored (a test runner's worker): the session ran to its end.
-    with _CancelOnInterrupt(
-        api,
-        None,  # known once the session is
-        "interrupted: cancelling; the target is being restored...",
-        functools.partial(print, file=sys.stderr),
-    ) as interrupt:
-        started = api.call("POST", "/api/v1/sessions", json=body)
-        session_id = started["id"]
-        interrupt.cancel_path = f"/api/v1/sessions/{session_id}/cancel"
-        print(announce(started), file=sys.stderr)
-        from rich.console import Console
-
-        console = Console(stderr=True)
-        view = _LiveView(console) if console.is_terminal else _LineView(console)
-        with view:
-            while True:
-                interrupt.poll()
-                sess = api.call("GET", f"/api/v1/sessions/{session_id}")
-                trials = api.call("GET", f"/api/v1/sessions/{session_id}/trials")
-                view.update(sess, trials)
-                if sess["status"] in ("succeeded", "failed", "cancelled"):
-                    return dict(sess)
-                time.sleep(1.0)
-
-
-class _CancelOnInterrupt:
-    """While a job is followed, Ctrl-C or SIGTERM (timeout, systemd, kill) cancels it: the
-    cancel is posted until the service takes it, since a busy service may refuse it once
-    (a cancel lost there would leave the job running while the user waits)."""
-
-    def __init__(
-        self, api: Api, cancel_path: str | None, message: str, say: Callable[[str], object]
-    ) -> None:
-        self.api, self.cancel_path, self.message, self.say = api, cancel_path, message, say
-        self.interrupted = self.sent = self.announced = self.retrying = False
-        self._old: dict[int, Any] = {}
-
-    def _on_signal(self, _sig: int, _frame: Any) -> None:
-        self.interrupted = True
-
-    def __enter__(self) -> _CancelOnInterrupt:
-        self._old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
-
-    def poll(self) -> None:
-        """Post the cancel if an interrupt came and the service has not taken it yet (once
-        the job's cancel_path is known)."""
-        if not self.interrupted or self.sent or self.cancel_path is None:
-            return
-        if not self.announced:
-            self.say(self.message)
-            self.announced = True
-        try:
-            self.api.call("POST", self.cancel_path)
-        except CliError as exc:
-            # e.g. the job ended meanwhile (409: the loop sees its status next) or the
-            # service was busy: try again on the next poll
-            if not self.retrying:
-                self.say(f"the cancel was not taken yet ({exc}); trying again")
-                self.retrying = True
-            return
-        self.sent = True
-
-
-def _trial_cells(
-    t: dict[str, Any], trials: list[dict[str, Any]], objective: str = "throughput"
-) -> list[str]:
-    from app.sessions.summary import in_units
-
-    # one sign per result, in the objective's units: a query time that fell reads -20%
-    gain = f"{in_units(objective, t['gain']) * 100:+.1f}%" if t["gain"] is not None else ""
-    med = t["samples"]["median_tps"]
-    verdict = t["verdict"] or ("failed" if t["error"] else "")
-    if t["verdict"] in ("keep", "revert") and t["role"] != "candidate":
-        # decided on an incumbent re-run (C I I): say which candidate it was about
-        about = [c for c in trials if c["role"] == "candidate" and c["index"] < t["index"]]
-        if about:
-            verdict += f" {about[-1]['knob'] or ''} {about[-1]['value'] or ''}".rstrip()
-    return [
-        str(t["index"]),
-        t["knob"] or f"({t['role']})",
-        t["value"] or "",
-        f"{med:.1f}" if med is not None else "-",
-        gain,
-        verdict,
-    ]
-
-
-def _progress_line(sess: dict[str, Any], done: int | None = None) -> str:
-    """ "9/14 trials, ETA 65 s": ``done`` is the trial the line is about (never behind it)."""
-    prog = sess["progress"]
-    done = prog["trials_done"] if done is None else done
-    planned = max(prog["trials_planned"] or 0, done) or "?"
-    eta = f", ETA {prog['eta_s']:.0f} s" if prog["eta_s"] is not None else ""
-    now = f", now {sess['live_tps'][-1]:.0f} tps" if sess["live_tps"] else ""
-    return f"{done}/{planned} trials{eta}{now}"
-
-
-class _LiveView:
-    def __init__(self, console: Any) -> None:
-        from rich.live import Live
-
-        self.live = Live(console=console, refresh_per_second=2)
-
-    def __enter__(self) -> _LiveView:
-        self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.live.__exit__(None, None, None)
-
-    def update(self, sess: dict[str, Any], trials: list[dict[str, Any]]) -> None:
-        from rich.console import Group
-        from rich.progress_bar import ProgressBar
-        from rich.table import Table
-
-        table = Table(title=f"session {sess['id']}: {sess['status']} - {sess['phase']}")
-        for col in ("#", "knob", "value", "median tps", "gain", "verdict"):
-            table.add_column(col, justify="right" if col in ("#", "median tps", "gain") else "left")
-        objective = str(sess["request"].get("objective", "throughput"))
-        for t in trials[-15:]:
-            table.add_row(*_trial_cells(t, trials, objective))
-        prog = sess["progress"]
-        done = max(prog["trials_done"], len(trials))  # fetched a moment apart
-        total = max(prog["trials_planned"] or 1, done, 1)
-        bar = ProgressBar(total=total, completed=done, width=40)
-        self.live.update(Group(table, bar, _progress_line(sess, done)))
-
-
-class _LineView:
-    def __init__(self, console: Any) -> None:
-        self.console = console
-        self.shown = 0
-        self.phase = ""
-
-    def __enter__(self) -> _LineView:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def update(self, sess: dict[str, Any], trials: list[dict[str, Any]]) -> None:
-        objective = str(sess["request"].get("objective", "throughput"))
-        for t in trials[self.shown :]:
-            idx, knob, value, med, gain, verdict = _trial_cells(t, trials, objective)
-            self.console.print(
-                f"trial {idx:>3}  {knob} {value}  {med} tps  {gain}  {verdict}  "
-                f"[{_progress_line(sess, t['index'])}]",
-                highlight=False,
-                soft_wrap=True,  # one line per trial, whatever the width
-            )
-        self.shown = len(trials)
-        if sess["phase"] != self.phase and sess["status"] in ("succeeded", "failed", "cancelled"):
-            self.console.print(f"session {sess['id']}: {sess['status']} ({sess['phase']})")
-        self.phase = sess["phase"]
-
-
 def session_files(out: Path, session_id: int) -> list[Path]:
     """A session's files in ``out``: its config, chart and record (the API's session), named
     so that none can pass for a live postgresql.conf."""
     return [out / f"knobtune-session-{session_id}.{ext}" for ext in ("conf", "svg", "json")]
-
-
-def out_dir(args: argparse.Namespace) -> Path | None:
-    """``--out DIR`` checked before anything runs (None: no file is written)."""
-    from app.outfiles import OutputRefused, check_dir
-
-    if args.out is None:
-        return None
-    try:
-        check_dir(Path(args.out), force=args.force)
-    except OutputRefused as exc:
-        raise CliError(f"--out: {exc}") from None
-    return Path(args.out).expanduser()
-
-
-def _write(path: Path, text: str, *, force: bool, mode: int = 0o644) -> None:
-    from app.outfiles import OutputRefused, write_file
-
-    try:
-        write_file(path, text.encode(), mode=mode, force=force)
-    except OutputRefused as exc:
-        raise CliError(str(exc)) from None
-    except OSError as exc:
-        raise CliError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def write_outputs(api: Api, sess: dict[str, Any], out: Path, *, force: bool) -> list[Path]:
@@ -375,7 +93,7 @@ def write_outputs(api: Api, sess: dict[str, Any], out: Path, *, force: bool) -> 
     )
     record = json.dumps(sess, indent=2) + "\n"
     for path, text in zip(paths, (conf, chart, record), strict=True):
-        _write(path, text, force=force)
+        write_text(path, text, force=force)
     return paths
 
 
@@ -481,7 +199,7 @@ def _session_body(args: argparse.Namespace, target_id: int) -> dict[str, Any]:
     if args.builtin:
         workload["builtin"] = args.builtin
     if args.script:
-        workload["scripts"] = [{"sql": _read_script(f), "weight": 1} for f in args.script]
+        workload["scripts"] = [{"sql": read_script(f), "weight": 1} for f in args.script]
     replay = getattr(args, "replay_id", None)
     if replay is not None:  # a captured workload replayed as the benchmark (issue 28)
         workload["replay"] = replay
@@ -507,13 +225,6 @@ def _session_body(args: argparse.Namespace, target_id: int) -> dict[str, Any]:
     if args.knobs:
         body["knobs"] = [k.strip() for k in args.knobs.split(",") if k.strip()]
     return body
-
-
-def _read_script(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError as exc:
-        raise CliError(f"cannot read the script {path}: {exc.strerror or exc}") from None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -606,7 +317,7 @@ def _report(
         print("cancelled: the target was restored", file=sys.stderr)
         return EXIT_INTERRUPTED
     if result == "failed":
-        _fail(CliError(f"session failed: {final['error']}"))
+        fail(CliError(f"session failed: {final['error']}"))
         return EXIT_FAILED
     for line in report_lines(final):
         print(line)
@@ -711,7 +422,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     out = out_dir(args)  # refused now, not after the session
     url = args.database_url
     if args.target is not None and not args.server:
-        url = _existing_metadata_db(args, f"no target {args.target!r}: ")
+        url = existing_metadata_db(args, f"no target {args.target!r}: ")
     methods = _cli_restart(args)
     with connect(args.server, args.token, database_url=url, restart_methods=methods) as api:
         if args.target is not None:
@@ -793,39 +504,6 @@ def find_target(api: Api, ref: str) -> dict[str, Any]:
     )
 
 
-def _existing_metadata_db(args: argparse.Namespace, missing: str = "") -> str:
-    """The in-process metadata DB a command reads; it must exist already.
-
-    Says which DB it is (a bare listing from the wrong directory looked empty) and never
-    creates one: SQLite would silently make a new, empty file.
-    """
-    from sqlalchemy.engine import make_url
-
-    from app.settings import absolute_sqlite_url, get_settings
-
-    url = absolute_sqlite_url(args.database_url or get_settings().database_url)
-    parsed = make_url(url)
-    shown = parsed.render_as_string(hide_password=True)
-    db = parsed.database or ""
-    if parsed.drivername.startswith("sqlite") and db != ":memory:" and not Path(db).exists():
-        raise CliError(
-            f"{missing}no metadata DB at {db} (from KNOBTUNE_DATABASE_URL or its default "
-            "sqlite:///knobtune.db, relative to the current directory); give --server URL of "
-            "a running service, --database-url of the service's DB, or run this where the "
-            "service ran"
-        )
-    print(f"metadata DB: {shown}", file=sys.stderr)
-    return url
-
-
-@contextlib.contextmanager
-def reader(args: argparse.Namespace, missing: str = "") -> Iterator[Api]:
-    """The API for a command that needs an existing metadata DB and runs no session."""
-    url = None if args.server else _existing_metadata_db(args, missing)
-    with connect(args.server, args.token, database_url=url, run_scheduler=False) as api:
-        yield api
-
-
 def _result_cell(s: dict[str, Any]) -> str:
     """ "throughput +12.0% confirmed", "no change recommended", "-" (running)."""
     from app.sessions.summary import headline
@@ -840,16 +518,11 @@ def _result_cell(s: dict[str, Any]) -> str:
     return f"{head} {label or (status or '').upper()}".strip()
 
 
-def _print_json(doc: Any) -> None:
-    """--json: the API's response as it came (passwords masked by the API)."""
-    print(json.dumps(doc, indent=2))
-
-
 def cmd_sessions(args: argparse.Namespace) -> int:
     with reader(args) as api:
         rows = api.call("GET", "/api/v1/sessions", params={"limit": args.limit})
     if args.json:
-        _print_json(rows)
+        print_json(rows)
         return 0
     if not rows:
         where = args.server or "this metadata DB"
@@ -873,7 +546,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     with reader(args, f"no session {args.id}: ") as api:
         sess = api.call("GET", f"/api/v1/sessions/{args.id}")
         if args.json:
-            _print_json(sess)
+            print_json(sess)
             return 0
         applies = api.call("GET", f"/api/v1/sessions/{args.id}/applies")
     print("\n".join(status_lines(sess, applies)))
@@ -961,7 +634,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
     with reader(args) as api:
         targets = api.call("GET", "/api/v1/targets")
     if args.json:
-        _print_json(targets)
+        print_json(targets)
         return 0
     if not targets:
         print(
@@ -1075,7 +748,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     """Log every statement of a target for a while, then put its settings back."""
     url = args.database_url
     if not args.server:
-        url = _existing_metadata_db(args, f"no target {args.target!r}: ")
+        url = existing_metadata_db(args, f"no target {args.target!r}: ")
     with connect(args.server, args.token, database_url=url) as api:
         target = find_target(api, args.target)
         body: dict[str, Any] = {
@@ -1096,7 +769,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     for line in _capture_lines(cap):
         print(line)
     if cap["status"] == "failed":
-        _fail(CliError(f"capture failed: {cap['error']}"))
+        fail(CliError(f"capture failed: {cap['error']}"))
         return EXIT_FAILED
     if cap["status"] == "cancelled":
         print(
@@ -1110,29 +783,11 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 def _follow_capture(api: Api, capture_id: int) -> dict[str, Any]:
     """Poll until the capture ends; Ctrl-C or SIGTERM cancel it (its settings are restored)."""
-    return _follow_job(
+    return follow_job(
         api,
         f"/api/v1/captures/{capture_id}",
         "interrupted: cancelling the capture; restoring the settings",
     )
-
-
-def _follow_job(api: Api, path: str, on_interrupt: str) -> dict[str, Any]:
-    """Poll the background job at ``path`` (a capture, a sweep) until it ends, printing its
-    phase as it changes; Ctrl-C or SIGTERM post ``path``/cancel once, saying
-    ``on_interrupt``, and the loop goes on until the job has ended."""
-    last = ""
-    say = functools.partial(print, file=sys.stderr)
-    with _CancelOnInterrupt(api, f"{path}/cancel", on_interrupt, say) as interrupt:
-        while True:
-            interrupt.poll()
-            job: dict[str, Any] = api.call("GET", path)
-            if job["phase"] != last:
-                print(f"  {job['phase']}", file=sys.stderr)
-                last = job["phase"]
-            if job["status"] in ("succeeded", "failed", "cancelled"):
-                return job
-            time.sleep(1.0)
 
 
 def cmd_captures(args: argparse.Namespace) -> int:
@@ -1215,7 +870,7 @@ def cmd_captures_download(args: argparse.Namespace) -> int:
         except httpx.HTTPError as exc:
             raise CliError(f"cannot reach the knobtune service: {exc}") from exc
     if r.status_code >= 400:
-        raise CliError(_detail(r))
+        raise CliError(error_detail(r))
     if args.out is None:
         if sys.stdout.isatty():
             raise UsageError(
@@ -1270,13 +925,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"sweep {sw['id']} started on {target['name']}", file=sys.stderr)
         sw = _follow_sweep(api, int(sw["id"]))
         if sw["status"] == "failed":
-            _fail(CliError(f"sweep failed: {sw['error']}"))
+            fail(CliError(f"sweep failed: {sw['error']}"))
             return EXIT_FAILED
         chart = None
         if out is not None:
             chart = out / f"knobtune-sweep-{sw['id']}.svg"
             out.mkdir(parents=True, exist_ok=True)
-            _write(chart, api.call("GET", f"/api/v1/sweeps/{sw['id']}/chart.svg"), force=args.force)
+            write_text(
+                chart, api.call("GET", f"/api/v1/sweeps/{sw['id']}/chart.svg"), force=args.force
+            )
     print(f"{'clients':>7} {'tps':>9} {'95% interval':>19} {'p99 ms':>8} {'CPU':>5}  ")
     for p in sw["points"]:
         if p["tps"] is None:
@@ -1302,7 +959,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _follow_sweep(api: Api, sweep_id: int) -> dict[str, Any]:
     """Poll until the sweep ends; Ctrl-C or SIGTERM cancel it (nothing to restore)."""
-    return _follow_job(api, f"/api/v1/sweeps/{sweep_id}", "interrupted: cancelling the sweep")
+    return follow_job(api, f"/api/v1/sweeps/{sweep_id}", "interrupted: cancelling the sweep")
 
 
 def compare_configs(specs: list[str]) -> list[dict[str, Any]]:
@@ -1365,11 +1022,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     }
     workload: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     if args.script:
-        workload["scripts"] = [{"sql": _read_script(f), "weight": 1} for f in args.script]
+        workload["scripts"] = [{"sql": read_script(f), "weight": 1} for f in args.script]
     configs = compare_configs(args.configs)
     url = args.database_url
     if not args.server:
-        url = _existing_metadata_db(args, f"no target {args.target!r}: ")
+        url = existing_metadata_db(args, f"no target {args.target!r}: ")
     with connect(args.server, args.token, database_url=url) as api:
         target = find_target(api, args.target)
         body: dict[str, Any] = {"target_id": target["id"], "configs": configs, "workload": workload}
@@ -1386,53 +1043,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
         started = api.call("POST", "/api/v1/comparisons", json=body)
         print(f"comparison {started['id']} started on {target['name']}", file=sys.stderr)
         path = f"/api/v1/comparisons/{started['id']}"
-        done = _follow_job(api, path, "interrupted: cancelling; the target is being restored")
+        done = follow_job(api, path, "interrupted: cancelling; the target is being restored")
     if args.json:
-        _print_json(done)
+        print_json(done)
     else:
         print("\n".join(table_lines(done)))
     if done["status"] == "failed":
-        _fail(CliError(f"comparison failed: {done['error']}"))
+        fail(CliError(f"comparison failed: {done['error']}"))
         return EXIT_FAILED
     return EXIT_INTERRUPTED if done["status"] == "cancelled" else EXIT_OK
-
-
-def _fail(exc: BaseException) -> None:
-    # One line, whatever the driver said: newlines and tabs from libpq folded.
-    print(f"knobtune: {' '.join(str(exc).split())}", file=sys.stderr)
-
-
-def _clients_arg(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a number or 'auto', not {text!r}") from None
-
-
-class _Help(argparse.HelpFormatter):
-    """Each option's default after its help text, unless there is none to show."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        if (
-            "%(default)" in text
-            or "default" in text
-            or not action.option_strings
-            or action.default in (None, False, argparse.SUPPRESS)
-            or isinstance(action, argparse.BooleanOptionalAction)
-        ):
-            return text
-        return text + " (default: %(default)s)"
-
-
-def _duration(text: str) -> float:
-    """Seconds from "900", "900s", "15m", "2h"."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|min|h)?\s*", text)
-    if m is None:
-        raise argparse.ArgumentTypeError(f"a duration like 900, 15m or 2h, not {text!r}")
-    return float(m.group(1)) * {None: 1, "s": 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1440,12 +1059,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="knobtune",
         description="Tune PostgreSQL knobs by noise-aware coordinate descent. "
         "The flow: targets add, tune, status, apply (and rollback).",
-        formatter_class=_Help,
+        formatter_class=Help,
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, text: str, func: Any) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=text, description=text, formatter_class=_Help)
+        sp = sub.add_parser(name, help=text, description=text, formatter_class=Help)
         sp.set_defaults(func=func)
         return sp
 
@@ -1574,14 +1193,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(server=None, token=os.environ.get("KNOBTUNE_API_TOKEN"), database_url=None)
     json_option(t)  # `knobtune targets --json`
     tsub = t.add_subparsers(dest="action", metavar="ACTION")
-    s = tsub.add_parser("list", help="list the registered targets", formatter_class=_Help)
+    s = tsub.add_parser("list", help="list the registered targets", formatter_class=Help)
     s.set_defaults(func=cmd_targets)
     json_option(s, default=argparse.SUPPRESS)  # keeps `targets --json list`'s
     remote(s)
     s = tsub.add_parser(
         "add",
         help="register a server: knobtune checks it can connect and run ALTER SYSTEM",
-        formatter_class=_Help,
+        formatter_class=Help,
     )
     s.set_defaults(func=cmd_targets_add)
     s.add_argument("name", help="a name to refer to it by (letters, digits, - _ . and spaces)")
@@ -1629,7 +1248,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     server_facts(s)
     remote(s)
-    s = tsub.add_parser("remove", help="unregister a target", formatter_class=_Help)
+    s = tsub.add_parser("remove", help="unregister a target", formatter_class=Help)
     s.set_defaults(func=cmd_targets_remove)
     s.add_argument("name", help="the target's name (or id)")
     keep = s.add_mutually_exclusive_group()
@@ -1694,7 +1313,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     wl.add_argument(
         "--clients",
-        type=_clients_arg,
+        type=clients_arg,
         metavar="N|auto",
         help='concurrent clients, or "auto": a client sweep first, then tune at its knee '
         "(default: the workload's: 8, 1 for TPC-H's power mode)",
@@ -1792,7 +1411,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     search.add_argument(
         "--time-budget",
-        type=_duration,
+        type=duration,
         metavar="DURATION",
         help="wall-clock limit: seconds, or 15m, 2h (default: none)",
     )
@@ -1938,24 +1557,24 @@ def build_parser() -> argparse.ArgumentParser:
         server=None, token=os.environ.get("KNOBTUNE_API_TOKEN"), database_url=None, limit=50
     )
     csub = c.add_subparsers(dest="action", metavar="ACTION")
-    s = csub.add_parser("list", help="list the captures, newest first", formatter_class=_Help)
+    s = csub.add_parser("list", help="list the captures, newest first", formatter_class=Help)
     s.set_defaults(func=cmd_captures)
     s.add_argument("--limit", type=int, default=50, metavar="N", help="how many to list")
     remote(s)
     s = csub.add_parser(
-        "show", help="a capture's summary: sessions, statements, top queries", formatter_class=_Help
+        "show", help="a capture's summary: sessions, statements, top queries", formatter_class=Help
     )
     s.set_defaults(func=cmd_captures_show)
     s.add_argument("id", metavar="ID", help="the capture's id (or name)")
     remote(s)
-    s = csub.add_parser("delete", help="delete a capture and its log file", formatter_class=_Help)
+    s = csub.add_parser("delete", help="delete a capture and its log file", formatter_class=Help)
     s.set_defaults(func=cmd_captures_delete)
     s.add_argument("id", metavar="ID", help="the capture's id (or name)")
     remote(s)
     s = csub.add_parser(
         "import",
         help="upload a server log you captured yourself (read here and sent, plain or gzip)",
-        formatter_class=_Help,
+        formatter_class=Help,
     )
     s.set_defaults(func=cmd_captures_import)
     s.add_argument(
@@ -1978,7 +1597,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = csub.add_parser(
         "download",
         help="write a capture's log (the statements with their values) to a file",
-        formatter_class=_Help,
+        formatter_class=Help,
     )
     s.set_defaults(func=cmd_captures_download)
     s.add_argument("id", metavar="ID", help="the capture's id (or name)")
@@ -2185,7 +1804,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except CliError as exc:
-        _fail(exc)
+        fail(exc)
         return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_ERROR
     except KeyboardInterrupt:
         print("knobtune: interrupted", file=sys.stderr)
@@ -2196,6 +1815,10 @@ def main(argv: list[str] | None = None) -> int:
         from app.postgres.sandbox import PostgresNotInstalled
 
         if isinstance(exc, PostgresNotInstalled | FileNotFoundError | PermissionError):
-            _fail(exc)
+            fail(exc)
             return EXIT_ERROR
         raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

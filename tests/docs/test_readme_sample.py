@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import EXIT_BY_OUTCOME, _report, report_lines
+from app.cli import _report, report_lines
+from app.cli.shared import EXIT_BY_OUTCOME
 from tests.helpers import ROOT
 
 RUN = ROOT / "bench" / "results" / "demo" / "2026-11-28"  # the run README shows

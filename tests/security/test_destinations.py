@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app import cli
+from app.cli import shared
 from app.main import create_app
 from app.postgres.sandbox import Sandbox, free_port
 from tests.security.conftest import session_body
@@ -155,7 +155,7 @@ def test_refusals_and_failures_do_not_work_as_a_port_scanner(
 def test_the_cli_in_process_is_the_operator_and_may_reach_local_servers(
     trusting: Sandbox,
 ) -> None:
-    with tempfile.TemporaryDirectory() as tmp, cli.connect(
+    with tempfile.TemporaryDirectory() as tmp, shared.connect(
         None, None, database_url=f"sqlite:///{tmp}/m.db", work_dir=Path(tmp),
         run_scheduler=False,
     ) as api:  # fmt: skip

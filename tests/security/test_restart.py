@@ -213,7 +213,8 @@ def test_the_cli_declares_a_restart_command_in_process_only() -> None:
     """`knobtune tune --restart-command`: the CLI operates its in-process service, so it
     may declare a method (argv, split like a shell would, run without one); a remote
     service restarts only with its own operator's methods."""
-    from app.cli import CliError, _cli_restart, build_parser
+    from app.cli import _cli_restart, build_parser
+    from app.cli.shared import CliError
 
     args = build_parser().parse_args(
         ["tune", "--dsn", "host=x", "--restart-command", "sudo -n systemctl restart 'pg 15'"]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from app import cli
+from app.cli import shared
 from app.sessions.summary import OUTCOMES, outcome, summary
 from tests.app.cli.world import World
 from tests.app.runs.fake import FakeEnv, Faults
@@ -30,7 +31,7 @@ def _outcome_of(world: World, sid: int) -> str | None:
 def test_a_confirmed_gain_exits_0(reporting: World, capsys: pytest.CaptureFixture[str]) -> None:
     code = reporting.tune("--knobs", "work_mem", "--no-hints", "--max-trials", "30", "--seed", "3")
     assert _outcome_of(reporting, 1) == "confirmed"
-    assert code == cli.EXIT_OK == 0
+    assert code == shared.EXIT_OK == 0
     assert "confirmed by the final check" in capsys.readouterr().out
 
 
@@ -38,7 +39,7 @@ def test_no_change_exits_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     flat = World(tmp_path, monkeypatch, flat_surface())  # every candidate is a no-op
     code = flat.tune("--max-trials", "14", "--seed", "1")
     assert _outcome_of(flat, 1) == "no-change"
-    assert code == cli.EXIT_NO_CHANGE == 3
+    assert code == shared.EXIT_NO_CHANGE == 3
 
 
 def test_an_unconfirmed_gain_exits_4(reporting: World, capsys: pytest.CaptureFixture[str]) -> None:
@@ -47,7 +48,7 @@ def test_an_unconfirmed_gain_exits_4(reporting: World, capsys: pytest.CaptureFix
         "--knobs", "work_mem", "--no-hints", "--max-trials", "16", "--final-check-runs", "0"
     )
     assert _outcome_of(reporting, 1) == "unconfirmed"
-    assert code == cli.EXIT_UNCONFIRMED == 4
+    assert code == shared.EXIT_UNCONFIRMED == 4
     assert "UNCONFIRMED" in capsys.readouterr().out
 
 
@@ -55,7 +56,7 @@ def test_a_failed_session_exits_5(reporting: World, capsys: pytest.CaptureFixtur
     env = FakeEnv(reporting.surface, faults=Faults(fail={1, 2}))  # the baseline fails twice
     code = reporting.tune("--knobs", "work_mem", env=env)
     assert _outcome_of(reporting, 1) == "failed"
-    assert code == cli.EXIT_FAILED == 5
+    assert code == shared.EXIT_FAILED == 5
     err = capsys.readouterr().err
     assert "knobtune: session failed: the baseline could not be measured twice" in err
 
@@ -66,7 +67,7 @@ def test_a_cancelled_session_exits_130(
     env = FakeEnv(reporting.surface, faults=Faults(cancel=3))  # cancelled through the API
     code = reporting.tune("--knobs", "work_mem", "--no-hints", env=env)
     assert _outcome_of(reporting, 1) == "cancelled"
-    assert code == cli.EXIT_INTERRUPTED == 130
+    assert code == shared.EXIT_INTERRUPTED == 130
     assert "cancelled: the target was restored" in capsys.readouterr().err
 
 
@@ -75,12 +76,12 @@ def test_usage_errors_exit_2_and_other_errors_1(
 ) -> None:
     with pytest.raises(SystemExit) as parsed:  # argparse's own
         cli.main(["tune", "--target", reporting.target, "--max-trials", "many"])
-    assert parsed.value.code == cli.EXIT_USAGE == 2
+    assert parsed.value.code == shared.EXIT_USAGE == 2
     # options that do not go together are usage errors too; nothing was started
     assert cli.main(["tune", "--target", "x", "--dsn", "host=/nowhere"]) == 2
     assert "give --target NAME" in capsys.readouterr().err
     # a command that could not do its job: 1, saying why
-    assert reporting.cli("tune", "--target", "nope", "--knobs", "work_mem") == cli.EXIT_ERROR
+    assert reporting.cli("tune", "--target", "nope", "--knobs", "work_mem") == shared.EXIT_ERROR
     assert "no target 'nope'" in capsys.readouterr().err
     assert reporting.cli("status", "99") == 1
     assert reporting.next_id() == 1  # no session was made
@@ -106,7 +107,7 @@ def test_the_exit_status_outcome_and_summary_agree() -> None:
                     gain=0.2, ci=(0.1, 0.3), start=start, best=best, trials=9,
                 )  # fmt: skip
                 assert text.startswith(words[str(got)]), (status, claim, best, text)
-                assert cli.EXIT_BY_OUTCOME[str(got)] != cli.EXIT_USAGE
+                assert shared.EXIT_BY_OUTCOME[str(got)] != shared.EXIT_USAGE
     assert outcome("cancelled", "confirmed", start, moved) == "cancelled"
     assert outcome("running", None, start, moved) is None
-    assert len(set(cli.EXIT_BY_OUTCOME.values())) == len(OUTCOMES)
+    assert len(set(shared.EXIT_BY_OUTCOME.values())) == len(OUTCOMES)

@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app.cli import Api, _CancelOnInterrupt, follow
+from app.cli.follow import _CancelOnInterrupt, follow
+from app.cli.shared import Api
 
 
 def test_a_refused_cancel_is_posted_again_until_it_is_taken() -> None:

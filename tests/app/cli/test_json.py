@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.cli import connect
+from app.cli.shared import connect
 from app.db import utcnow
 from app.models import Target
 from tests.app.cli.world import World
