@@ -1,19 +1,22 @@
 """What every command shares: errors and exit statuses, the REST API client (a --server
-or the in-process service), output helpers and the types of some options."""
+or the in-process service), output helpers and the options many commands take."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import os
 import re
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import httpx
+
+from app.postgres.cgroups import PROFILES
 
 
 class CliError(Exception):
@@ -195,6 +198,10 @@ def fail(exc: BaseException) -> None:
 
 
 # -- the parser's pieces -------------------------------------------------------------
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+Handler: TypeAlias = Callable[[argparse.Namespace], int]
+
+
 class Help(argparse.HelpFormatter):
     """Each option's default after its help text, unless there is none to show."""
 
@@ -209,6 +216,92 @@ class Help(argparse.HelpFormatter):
         ):
             return text
         return text + " (default: %(default)s)"
+
+
+def add_command(sub: Subparsers, name: str, text: str, func: Handler) -> argparse.ArgumentParser:
+    """A command: ``text`` is both its line in ``knobtune --help`` and its description."""
+    sp = sub.add_parser(name, help=text, description=text, formatter_class=Help)
+    sp.set_defaults(func=func)
+    return sp
+
+
+def add_action(sub: Subparsers, name: str, text: str, func: Handler) -> argparse.ArgumentParser:
+    """An action of a command (``targets add``, ``captures list``): ``text`` is its help."""
+    sp = sub.add_parser(name, help=text, formatter_class=Help)
+    sp.set_defaults(func=func)
+    return sp
+
+
+def add_remote(sp: argparse.ArgumentParser) -> None:
+    """Where the REST API is: --server, else the in-process service on --database-url."""
+    sp.add_argument(
+        "--server",
+        metavar="URL",
+        help="a running knobtune service, e.g. http://127.0.0.1:8000 (default: run "
+        "in-process on the metadata DB of the current directory)",
+    )
+    sp.add_argument(
+        "--token",
+        default=os.environ.get("KNOBTUNE_API_TOKEN"),
+        help="the service's API token (default: $KNOBTUNE_API_TOKEN)",
+    )
+    sp.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="in-process: the metadata DB (default: $KNOBTUNE_DATABASE_URL, else "
+        "sqlite:///knobtune.db in the current directory)",
+    )
+
+
+def add_json(sp: argparse.ArgumentParser, default: Any = False) -> None:
+    sp.add_argument(
+        "--json",
+        action="store_true",
+        default=default,
+        help="print the REST API's response as JSON (the same fields, passwords masked)",
+    )
+
+
+def add_out_options(sp: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    sp.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write the session's files there: knobtune-session-N.conf (the config), .svg "
+        "(the chart) and .json (its record); never into a data directory (default: no "
+        "file)",
+    )
+    sp.add_argument(
+        "--force",
+        action="store_true",
+        help="replace those files if they exist; write into a directory holding a "
+        "postgresql.conf (default: refuse both)",
+    )
+
+
+def add_server_facts(sp: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    sp.add_argument(
+        "--ram-gib",
+        type=float,
+        metavar="GIB",
+        help="the server's memory in GiB; needed when it is on another host (default: "
+        "read from this host, or less where the server's cgroup limits it)",
+    )
+    sp.add_argument(
+        "--cpus",
+        type=int,
+        metavar="N",
+        help="the server's CPUs; needed when it is on another host (default: this host's)",
+    )
+
+
+def add_profile(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--profile",
+        choices=list(PROFILES),
+        help="a new sandbox's hardware profile (a cgroup caps its memory, disk and "
+        "CPUs like a small server's; docs/profiles.md): "
+        + "; ".join(f"{n}: {p.limits.figures()}" for n, p in PROFILES.items()),
+    )
 
 
 def clients_arg(text: str) -> int | str:

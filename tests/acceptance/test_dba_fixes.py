@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.cli import _session_body, build_parser
+from app.cli import build_parser
+from app.cli.sessions import _session_body
 from app.db import Database, utcnow
 from app.main import create_app
 from app.models import Sweep, TuningSession

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import _report, report_lines
+from app.cli.sessions import report, report_lines
 from app.cli.shared import EXIT_BY_OUTCOME
 from tests.helpers import ROOT
 
@@ -36,7 +36,7 @@ def test_readmes_sample_is_what_the_cli_prints_for_the_stored_run(
     record = json.loads((run / "knobtune-session-1.json").read_text())
 
     # the CLI's end of a demo, on the stored session (no --out: it writes nothing)
-    code = _report(None, record, None, force=False, demo=True)  # type: ignore[arg-type]
+    code = report(None, record, None, force=False, demo=True)  # type: ignore[arg-type]
     again = capsys.readouterr().out.splitlines()
     assert again[:-1] == report_lines(record)
     assert again[-1].startswith("no file written: --out DIR keeps")

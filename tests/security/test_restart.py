@@ -213,13 +213,14 @@ def test_the_cli_declares_a_restart_command_in_process_only() -> None:
     """`knobtune tune --restart-command`: the CLI operates its in-process service, so it
     may declare a method (argv, split like a shell would, run without one); a remote
     service restarts only with its own operator's methods."""
-    from app.cli import _cli_restart, build_parser
+    from app.cli import build_parser
     from app.cli.shared import CliError
+    from app.cli.targets import cli_restart
 
     args = build_parser().parse_args(
         ["tune", "--dsn", "host=x", "--restart-command", "sudo -n systemctl restart 'pg 15'"]
     )
-    methods = _cli_restart(args)
+    methods = cli_restart(args)
     assert methods == {
         "cli": {"kind": "command", "argv": ["sudo", "-n", "systemctl", "restart", "pg 15"]}
     }
@@ -228,4 +229,4 @@ def test_the_cli_declares_a_restart_command_in_process_only() -> None:
         ["tune", "--dsn", "host=x", "--server", "http://h", "--restart-command", "id"]
     )
     with pytest.raises(CliError, match="--restart-method"):
-        _cli_restart(remote)
+        cli_restart(remote)

@@ -233,7 +233,9 @@ def test_captures_have_their_own_capacity_beside_benchmarks(tmp_path: Path) -> N
 
 
 def test_tune_replay_builds_the_replay_workload() -> None:
-    from app.cli import _session_body, build_parser, capture_name_for
+    from app.cli import build_parser
+    from app.cli.captures import capture_name_for
+    from app.cli.sessions import _session_body
 
     args = build_parser().parse_args(
         ["tune", "--target", "t", "--replay", "shop-peak", "--speed", "2", "--replay-database",

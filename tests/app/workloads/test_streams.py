@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app.cli import evidence_lines
+from app.cli.sessions import evidence_lines
 from app.db import Database
 from app.evidence import bench_spec, per_label, stream_stat
 from app.models import Trial, TuningSession
