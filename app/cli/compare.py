@@ -11,9 +11,13 @@ from typing import Any
 
 from app.cli.follow import follow_job
 from app.cli.shared import (
+    BUILTINS,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    ISOLATION_LEVELS,
+    OBJECTIVES,
+    WORKLOAD_KINDS,
     CliError,
     Subparsers,
     UsageError,
@@ -68,18 +72,12 @@ def register(sub: Subparsers) -> None:
     s.add_argument("--seed", type=int, help="seed of the rounds' orders (default: random)")
     s.add_argument(
         "--objective",
-        choices=[
-            "throughput",
-            "latency_p95",
-            "query_time_geomean",
-            "query_time_total",
-            "latency_mean",
-        ],
+        choices=OBJECTIVES,
         help="what a run's level is, as for a session (default: throughput)",
     )
     s.add_argument(
         "--workload-kind",
-        choices=["write-heavy", "read-heavy", "mixed", "analytics"],
+        choices=WORKLOAD_KINDS,
         help="pgtune's database type (default: from the workload)",
     )
     s.add_argument(
@@ -98,7 +96,7 @@ def register(sub: Subparsers) -> None:
 def _workload_arguments(wl: argparse._ArgumentGroup) -> None:
     wl.add_argument(
         "--builtin",
-        choices=["tpcb-like", "simple-update", "select-only", "tpch", "tpcc", "chbench"],
+        choices=BUILTINS,
         help="pgbench's builtin script, or tpch, tpcc, chbench (default: tpcb-like without "
         "--script)",
     )
@@ -138,7 +136,7 @@ def _workload_arguments(wl: argparse._ArgumentGroup) -> None:
     )
     wl.add_argument(
         "--isolation",
-        choices=["read committed", "repeatable read", "serializable"],
+        choices=ISOLATION_LEVELS,
         help="the benchmark sessions' isolation level (default: the server's)",
     )
     wl.add_argument(

@@ -12,10 +12,14 @@ from typing import Any
 from app.cli.captures import find_capture
 from app.cli.follow import follow
 from app.cli.shared import (
+    BUILTINS,
     EXIT_BY_OUTCOME,
     EXIT_ERROR,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    ISOLATION_LEVELS,
+    OBJECTIVES,
+    WORKLOAD_KINDS,
     Api,
     CliError,
     Subparsers,
@@ -98,7 +102,7 @@ def _server_arguments(where: argparse._ArgumentGroup) -> None:
 def _workload_arguments(wl: argparse._ArgumentGroup) -> None:
     wl.add_argument(
         "--builtin",
-        choices=["tpcb-like", "simple-update", "select-only", "tpch", "tpcc", "chbench"],
+        choices=BUILTINS,
         help="pgbench's builtin script, or a built-in workload with its own data: tpch "
         "(--scale = scale factor, e.g. 0.2), tpcc or chbench (--scale = warehouses) (default: "
         "tpcb-like without --script; with --script, your scripts only)",
@@ -161,7 +165,7 @@ def _workload_arguments(wl: argparse._ArgumentGroup) -> None:
     )
     wl.add_argument(
         "--isolation",
-        choices=["read committed", "repeatable read", "serializable"],
+        choices=ISOLATION_LEVELS,
         help="the benchmark sessions' isolation level (default: the server's)",
     )
     wl.add_argument(
@@ -203,19 +207,13 @@ def _search_arguments(search: argparse._ArgumentGroup) -> None:
     )
     search.add_argument(
         "--workload-kind",
-        choices=["write-heavy", "read-heavy", "mixed", "analytics"],
+        choices=WORKLOAD_KINDS,
         help="picks the default knob set and the rule of thumb's hints "
         "(default: from the workload)",
     )
     search.add_argument(
         "--objective",
-        choices=[
-            "throughput",
-            "latency_p95",
-            "query_time_geomean",
-            "query_time_total",
-            "latency_mean",
-        ],
+        choices=OBJECTIVES,
         help="what a run is judged by (query times and latency: lower is better) (default: "
         "throughput; latency_mean for a replay)",
     )

@@ -202,6 +202,13 @@ Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Handler: TypeAlias = Callable[[argparse.Namespace], int]
 
 
+# The choices of a workload and a search that tune and compare both take
+BUILTINS = ["tpcb-like", "simple-update", "select-only", "tpch", "tpcc", "chbench"]
+OBJECTIVES = ["throughput", "latency_p95", "query_time_geomean", "query_time_total", "latency_mean"]
+WORKLOAD_KINDS = ["write-heavy", "read-heavy", "mixed", "analytics"]
+ISOLATION_LEVELS = ["read committed", "repeatable read", "serializable"]
+
+
 class Help(argparse.HelpFormatter):
     """Each option's default after its help text, unless there is none to show."""
 
