@@ -136,7 +136,7 @@ def load_average() -> float:
 
 def run_main(main: Callable[[], int | None]) -> None:
     """Run a bench script's ``main`` and exit with its status. SIGTERM unwinds like Ctrl-C,
-    as for the CLI (app/cli.py unwind_on_sigterm): a killed bench (``pkill``, ``timeout``)
+    as for the CLI (app/cli unwind_on_sigterm): a killed bench (``pkill``, ``timeout``)
     left its sandbox running and its cgroup in place."""
     unwind_on_sigterm()
     try:
