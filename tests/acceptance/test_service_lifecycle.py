@@ -45,36 +45,6 @@ def _trial_indexes(api: httpx.Client, sid: int) -> list[int]:
     return [t["index"] for t in api.get(f"/api/v1/sessions/{sid}/trials").json()]
 
 
-def test_sandbox_target_survives_a_service_restart(user_dir: Path) -> None:
-    svc = UserService(user_dir)
-    svc.start()
-    try:
-        api = httpx.Client(base_url=svc.url, timeout=60)
-        r = api.post("/api/v1/targets", json={"name": "try-me", "sandbox": True})
-        assert r.status_code == 201, r.text
-        tid = r.json()["id"]
-        first = wait_session(api, _session(api, tid), {"succeeded", "failed", "cancelled"})
-        assert first["status"] == "succeeded", first
-
-        svc.stop()  # SIGTERM, as Ctrl-C or systemd would
-        svc.start()
-        api = httpx.Client(base_url=svc.url, timeout=60)
-        listed = [t for t in api.get("/api/v1/targets").json() if t["id"] == tid]
-        assert listed, "the sandbox target vanished from the list"
-        sid = _session(api, tid)
-        second = wait_session(api, sid, {"succeeded", "failed", "cancelled"})
-        assert second["status"] == "succeeded", second
-        assert second["error"] is None
-        assert _trial_indexes(api, sid)[:2] == [1, 2]
-
-        sandbox_dirs = list((user_dir / ".knobtune" / "sandboxes").iterdir())
-        assert len(sandbox_dirs) == 1
-        assert api.delete(f"/api/v1/targets/{tid}?history=drop").status_code == 204
-        assert not sandbox_dirs[0].exists()
-    finally:
-        svc.stop()
-
-
 def stored_dsn(user_dir: Path, target_id: int) -> str:
     """A target's DSN as the service in ``user_dir`` stores it: decrypted with its key."""
     from app import vault
@@ -85,18 +55,33 @@ def stored_dsn(user_dir: Path, target_id: int) -> str:
     return vault.decrypt(value)
 
 
-def test_sigkill_mid_benchmark_on_default_settings(user_dir: Path) -> None:
+def test_a_sandbox_target_survives_a_restart_and_a_sigkill_mid_benchmark(user_dir: Path) -> None:
+    """One service and one sandbox target through both: a session, a clean restart
+    (SIGTERM), then a session killed mid-benchmark (SIGKILL) that the next start resumes
+    and finishes. (Two tests of their own each made the service, the sandbox and its data
+    again, and ran a session more.)"""
     svc = UserService(user_dir)
     svc.start()
     try:
         api = httpx.Client(base_url=svc.url, timeout=60)
-        r = api.post("/api/v1/targets", json={"name": "crash", "sandbox": True})
+        r = api.post("/api/v1/targets", json={"name": "try-me", "sandbox": True})
         assert r.status_code == 201, r.text
-        target = r.json()
-        dsn = stored_dsn(user_dir, target["id"])  # the API shows it with the password masked
+        tid = r.json()["id"]
+        dsn = stored_dsn(user_dir, tid)  # the API shows it with the password masked
         before = file_settings(dsn)
-        sid = _session(api, target["id"], seed=3, workload={**QUICK, "duration_s": 4})
-        # Kill while the third or a later trial's benchmark is producing samples.
+        first = wait_session(api, _session(api, tid), {"succeeded", "failed", "cancelled"})
+        assert first["status"] == "succeeded", first
+        assert file_settings(dsn) == before  # restored at the end
+
+        svc.stop()  # SIGTERM, as Ctrl-C or systemd would
+        svc.start()
+        api = httpx.Client(base_url=svc.url, timeout=60)
+        listed = [t for t in api.get("/api/v1/targets").json() if t["id"] == tid]
+        assert listed, "the sandbox target vanished from the list"
+
+        # a session after the restart, killed while the third or a later trial's benchmark
+        # is producing samples
+        sid = _session(api, tid, seed=3, workload={**QUICK, "duration_s": 4})
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             s = api.get(f"/api/v1/sessions/{sid}").json()
@@ -115,11 +100,16 @@ def test_sigkill_mid_benchmark_on_default_settings(user_dir: Path) -> None:
         api = httpx.Client(base_url=svc.url, timeout=60)
         final = wait_session(api, sid, {"succeeded", "failed", "cancelled"}, timeout=500)
         assert final["status"] == "succeeded", final
+        assert final["error"] is None
         assert final["attempts"] == 2
         indexes = _trial_indexes(api, sid)
         assert indexes == list(range(1, len(indexes) + 1))  # none lost, none twice
         assert len(indexes) > done_before
         assert file_settings(dsn) == before  # restored at the end
-        assert api.delete(f"/api/v1/targets/{target['id']}?history=drop").status_code == 204
+
+        sandbox_dirs = list((user_dir / ".knobtune" / "sandboxes").iterdir())
+        assert len(sandbox_dirs) == 1
+        assert api.delete(f"/api/v1/targets/{tid}?history=drop").status_code == 204
+        assert not sandbox_dirs[0].exists()
     finally:
         svc.stop()

@@ -2,8 +2,9 @@
 
 The scenarios are bench/faults.py's own, run in-process with 2 s benchmarks; the
 SIGKILL-at-each-phase runs (3 per phase, plus a kill in the middle of a restart into an
-unbootable config) are bench/faults.py's, and tests/e2e/test_crash_resume.py kills the
-service mid-benchmark in CI.
+unbootable config) are bench/faults.py's; in CI the service is killed mid-benchmark and
+resumes its session by tests/acceptance/test_service_lifecycle.py (a restarted process)
+and tests/acceptance/test_two_processes.py (another process, a target of one's own).
 """
 
 from __future__ import annotations
