@@ -68,7 +68,7 @@ class Shift:
     change: float  # fraction the later run is above (+) or below (-) the earlier
     allowed: float  # the change the noise allows (SHIFT_Z sds of a difference)
     about: str  # what was being evaluated
-    key: Key = ()  # the config whose runs moved
+    key: Key  # the config whose runs moved
 
     def text(self) -> str:
         return (

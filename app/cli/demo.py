@@ -16,6 +16,7 @@ from app.cli.shared import (
     add_command,
     add_out_options,
     add_profile,
+    add_warmup,
     connect,
     out_dir,
 )
@@ -39,13 +40,7 @@ def register(sub: Subparsers) -> None:
         metavar="SECONDS",
         help="length of one benchmark run in seconds, warm-up included",
     )
-    s.add_argument(
-        "--warmup",
-        type=int,
-        default=2,
-        metavar="SECONDS",
-        help="seconds at the start of each run that are not measured",
-    )
+    add_warmup(s)
     s.add_argument("--clients", type=int, default=4, help="pgbench clients")
     s.add_argument("--scale", type=int, default=10, help="pgbench scale (100,000 accounts each)")
     s.add_argument(

@@ -301,6 +301,17 @@ def add_server_facts(sp: argparse.ArgumentParser | argparse._ArgumentGroup) -> N
     )
 
 
+def add_warmup(sp: argparse.ArgumentParser) -> None:
+    """--warmup of the short-run commands (demo, sweep)."""
+    sp.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        metavar="SECONDS",
+        help="seconds at the start of each run that are not measured",
+    )
+
+
 def add_profile(sp: argparse.ArgumentParser) -> None:
     sp.add_argument(
         "--profile",

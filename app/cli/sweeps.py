@@ -18,6 +18,7 @@ from app.cli.shared import (
     add_command,
     add_remote,
     add_server_facts,
+    add_warmup,
     connect,
     fail,
     out_dir,
@@ -51,13 +52,7 @@ def register(sub: Subparsers) -> None:
         metavar="SECONDS",
         help="seconds per run, warm-up included",
     )
-    s.add_argument(
-        "--warmup",
-        type=int,
-        default=2,
-        metavar="SECONDS",
-        help="seconds at the start of each run that are not measured",
-    )
+    add_warmup(s)
     s.add_argument(
         "--repeats", type=int, default=2, metavar="N", help="runs per count (up-down order)"
     )
