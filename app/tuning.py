@@ -289,6 +289,44 @@ class Built:
     start: Config
     notes: list[str]
     hardware: Hardware
+    held: tuple[str, ...] = ()  # knobs held at PGTune's values, not tuned (held_knobs)
+
+
+HELD = "held at PGTune's value (start: heuristic), not tuned"
+
+
+def held_knobs(
+    body: SessionIn,
+    rows: Mapping[str, SettingRow],
+    hw: Hardware,
+    version: int | None,
+    space: Sequence[Knob],
+    *,
+    can_restart: bool,
+) -> list[Knob]:
+    """With ``start: heuristic``, the rest of PGTune's config: the knobs it sets that the
+    session does not tune. They are applied with the start and held there, so every run,
+    the claim and the recommendation are of PGTune's whole config plus what the walk
+    changed; without them a session "from PGTune" ran PGTune's values for its own knobs
+    only (TPC-C C2: random_page_cost, effective_io_concurrency, effective_cache_size and
+    maintenance_work_mem stayed at the server's). A knob the server lacks or refuses, or
+    one that needs a restart the target cannot do, is left as the server has it."""
+    if body.start != "heuristic":
+        return []
+    tuned = {k.name for k in space}
+    values = pgtune(hw, db_type_for(workload_kind(body)), pg_version=version or 15)
+    out: list[Knob] = []
+    for name in values:
+        if name in tuned or name not in rows:
+            continue
+        try:
+            (knob,) = knob_space([name], hw, rows, version=version)
+        except KnobError:
+            continue
+        if knob.needs_restart and not can_restart:
+            continue
+        out.append(knob)
+    return out
 
 
 def session_optimizer(
@@ -307,12 +345,16 @@ def session_optimizer(
     rows = rows_from_json(stored["rows"])
     hw = hardware_from(stored["hardware"]["ram_bytes"], stored["hardware"]["cpus"])
     version = major_version(stored.get("version"))  # "PostgreSQL 18.6 on ..."
-    space = build_space(body, rows, hw, version)
+    tuned = build_space(body, rows, hw, version)
+    held = held_knobs(body, rows, hw, version, tuned, can_restart=can_restart)
+    space = [*tuned, *held]
     start = start_config(body, space, stored["target"]["effective"], hw, version)
     own = stored["target"]["effective"]
-    hints = hints_for(body, space, hw, version)
+    hints = hints_for(body, tuned, hw, version)
     opt = make_optimizer(body, space, start, seed, hints, server=own)
-    notes: list[str] = outside_bounds_notes(body, rows, space)
+    for knob in held:
+        opt.exclude(knob.name, HELD)
+    notes: list[str] = outside_bounds_notes(body, rows, tuned)
     if body.start == "heuristic":
         moved = [
             f"{k.name} {own[k.name]} -> {start[k.name]}"
@@ -326,13 +368,19 @@ def session_optimizer(
                 + "); the baseline and every gain are measured against them, not against "
                 "the server's config"
             )
+    if held:
+        notes.append(
+            "start: heuristic: PGTune's settings outside the knobs tuned are held at its "
+            f"values, not tuned ({', '.join(k.name for k in held)}): the recommendation is "
+            "PGTune's whole config plus what the walk keeps"
+        )
     if not can_restart:
-        for knob in space:
+        for knob in tuned:
             if knob.needs_restart:
                 reason = f"needs a restart and {no_restart}"
                 opt.exclude(knob.name, reason)
                 notes.append(f"{knob.name} skipped: {reason}")
-    return Built(opt, space, start, notes, hw)
+    return Built(opt, space, start, notes, hw, tuple(k.name for k in held))
 
 
 def measurement(

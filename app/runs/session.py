@@ -51,7 +51,7 @@ import logging
 import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -427,7 +427,7 @@ class SessionRunner:
             body, data, loaded.seed, can_restart=ctl.can_restart, no_restart=ctl.no_restart_reason
         )
         opt, start, notes, hw = built.optimizer, built.start, built.notes, built.hardware
-        notes = [*session_notes(self.db, self.session_id, body), *notes, plan_text(opt)]
+        notes = [*session_notes(self.db, self.session_id, body), *notes, plan_text(opt, built.held)]
         done: list[Trial] = []  # successful stored runs: the performance guard's levels
         replayed = store.replay(opt, done.append)
         self._shifts_noted = len(opt.shifts)  # a resumed session noted these already
@@ -784,11 +784,11 @@ def final_check_text(opt: CoordinateDescent) -> str:
     )
 
 
-def plan_text(opt: CoordinateDescent) -> str:
+def plan_text(opt: CoordinateDescent, held: Sequence[str] = ()) -> str:
     """The session's plan, as its first notes say it: the knobs, the run lengths they are
-    judged on, and the budget."""
+    judged on, and the budget (``held``: knobs applied with the start, never tuned)."""
     st = opt.settings
-    names = [k.name for k in opt.space]
+    names = [k.name for k in opt.space if k.name not in held]
     long = [n for n in names if n in CHECKPOINT_KNOBS]
     budget = (
         f"; budget {duration_text(st.max_benchmark_s)} of runs"

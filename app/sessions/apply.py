@@ -26,7 +26,7 @@ from app.postgres.target import (
 )
 from app.postgres.units import same_value
 from app.schemas import ApplyIn, ApplyOut, KnobChange, KnobCheck, RestartOutcome, RollbackIn
-from app.sessions.service import get_session
+from app.sessions.service import get_session, recommendation_base
 from app.settings import Settings
 from app.targets.holds import server_holder
 from app.targets.recommend import refuse_if_recommend_only
@@ -38,11 +38,13 @@ NOTHING = ("none", "no-change")  # gain statuses that recommend nothing
 
 
 def recommended_changes(sess: TuningSession) -> dict[str, str]:
-    """The knobs the session recommends changing (best config vs where it started)."""
+    """The knobs the session recommends changing: its best config where it differs from
+    :func:`recommendation_base` (where it started, or the server's own for a session that
+    started from PGTune's values)."""
     if sess.gain_status in NOTHING:
         return {}
-    start, best = sess.start_config or {}, sess.best_config or {}
-    return {k: str(v) for k, v in best.items() if start.get(k) != v}
+    base = recommendation_base(sess)
+    return {k: str(v) for k, v in (sess.best_config or {}).items() if base.get(k) != str(v)}
 
 
 def _read(ctl: TargetController, names: Sequence[str]) -> tuple[Snapshot, dict[str, SettingRow]]:

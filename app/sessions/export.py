@@ -15,7 +15,13 @@ from sqlalchemy import select
 from app.db import Database
 from app.errors import ServiceError
 from app.models import Sweep, Trial, TuningSession
-from app.sessions.service import best_vs_start, get_session, list_trials, pair
+from app.sessions.service import (
+    best_vs_start,
+    get_session,
+    list_trials,
+    pair,
+    recommendation_base,
+)
 from app.sessions.summary import resolution_note
 from app.sweeps.service import sweep_header
 from app.targets.service import get_target
@@ -70,9 +76,15 @@ def recommendation(db: Database, session_id: int) -> Recommendation:
     seen = resolution_note(sess.notes)
     if seen:  # nothing recommended: the smallest effect the runs could have shown
         header["resolution"] = seen
+    original = {**sess.start_config, **recommendation_base(sess)}
+    if original != sess.start_config:
+        header["baseline"] = (
+            "start: heuristic: the session started from PGTune's values; its gain is measured "
+            "against them, while 'original' below is the server's own settings before it"
+        )
     return Recommendation.from_trials(
         objective=objective,
-        original=sess.start_config,
+        original=original,
         recommended=sess.best_config,
         trials=_verdict_rows(trials, sess.start_config),
         overall_gain=sess.gain,

@@ -15,6 +15,7 @@ from app.errors import ServiceError, to_id
 from app.evidence import figures, io_line, per_label, per_stream, streams_from_json
 from app.models import Target, Trial, TuningSession
 from app.postgres import overrides
+from app.postgres.units import same_value
 from app.preflight import PreflightError, check_workload
 from app.runs.heartbeat import request_cancel
 from app.schemas import Progress, SessionIn, SessionOut, TrialOut
@@ -382,6 +383,24 @@ def trial_out(t: Trial) -> TrialOut:
         started_at=t.started_at,
         finished_at=t.finished_at,
     )
+
+
+def recommendation_base(sess: TuningSession) -> dict[str, str]:
+    """What a session's recommendation changes from, per knob of its best config: where it
+    started, or, for a session that started from PGTune's values (``start: heuristic``),
+    the server's own settings before it. Such a session measured its whole best config,
+    PGTune's values in it included, so applying or exporting only what the walk changed
+    would give the server a config nobody measured."""
+    start, best = sess.start_config or {}, sess.best_config or {}
+    if (sess.request or {}).get("start") != "heuristic" or not sess.snapshot:
+        return {k: str(start[k]) for k in best if k in start}
+    own = sess.snapshot["target"]["effective"]
+    rows = rows_from_json(sess.snapshot["rows"])
+    base: dict[str, str] = {}
+    for k, v in best.items():
+        if k in own and k in rows:  # the best's own text where the two mean one value
+            base[k] = str(v) if same_value(str(v), own[k], rows[k]) else str(own[k])
+    return base
 
 
 def pair(low: float | None, high: float | None) -> tuple[float, float] | None:

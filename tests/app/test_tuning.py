@@ -104,3 +104,84 @@ def test_the_search_order_and_the_checkpoint_rule_reach_the_descent() -> None:
     s = descent_settings(session(search_order="catalogue", checkpoint_rule=False), 1)
     assert not s.order_by_counters
     assert not s.checkpoint_rule
+
+
+ROWS = {
+    "work_mem": SettingRow("work_mem", "4096", "kB", "integer", "user", "64", "2147483647"),
+    "random_page_cost": SettingRow("random_page_cost", "4", None, "real", "user", "0", "1e+300"),
+    "effective_cache_size": SettingRow(
+        "effective_cache_size", "524288", "8kB", "integer", "user", "1", "2147483647"
+    ),
+    "shared_buffers": SettingRow(
+        "shared_buffers", "16384", "8kB", "integer", "postmaster", "16", "1073741823"
+    ),
+}
+OWN = {
+    "work_mem": "4MB",
+    "random_page_cost": "4",
+    "effective_cache_size": "4GB",
+    "shared_buffers": "128MB",
+}
+
+
+def _stored() -> dict[str, object]:
+    from app.tuning import rows_to_json
+
+    return {
+        "rows": rows_to_json(ROWS),
+        "hardware": {"ram_bytes": HW.ram_bytes, "cpus": HW.cpus},
+        "target": {"effective": OWN},
+    }
+
+
+def test_a_heuristic_start_holds_the_rest_of_pgtunes_config_in_every_run() -> None:
+    """start: heuristic runs PGTune's whole config, not its values for the tuned knobs
+    only: the rest is applied with the start and held, so the claim is over PGTune."""
+    from app.tuning import HELD, session_optimizer
+
+    body = session(start="heuristic", knobs=["work_mem"])
+    built = session_optimizer(body, _stored(), 1, can_restart=True)
+    tuned = pgtune(HW, "oltp")
+    # the server's settings PGTune sets, but the session does not tune (rows it lacks: left)
+    assert set(built.held) == {"random_page_cost", "effective_cache_size", "shared_buffers"}
+    for name in built.held:
+        assert built.optimizer.excluded[name] == HELD
+        assert built.start[name] == tuned[name]
+    cand = built.optimizer.suggest()
+    assert cand is not None and cand.role == "baseline"
+    assert cand.config["random_page_cost"] == "1.1"
+    assert [n for n in built.notes if "held at its values" in n]
+    # one knob is tuned; the plan says so
+    from app.runs.session import plan_text
+
+    assert plan_text(built.optimizer, built.held).startswith("plan: 1 knob(s)")
+    # a knob that needs a restart the target cannot do stays as the server has it
+    no_restart = session_optimizer(body, _stored(), 1, can_restart=False)
+    assert "shared_buffers" not in no_restart.held
+    assert "shared_buffers" not in no_restart.start
+    # starting from the server's own values holds nothing
+    assert session_optimizer(session(knobs=["work_mem"]), _stored(), 1, can_restart=True).held == ()
+
+
+def test_a_heuristic_sessions_recommendation_is_its_whole_best_config_against_the_server() -> None:
+    """apply, compare and the export change what the session measured: PGTune's held
+    values as well as what the walk kept, each from the server's own value."""
+    from app.models import TuningSession
+    from app.sessions.apply import recommended_changes
+    from app.tuning import rows_to_json
+
+    snapshot = {"rows": rows_to_json(ROWS), "target": {"effective": OWN}}
+    start = {"work_mem": "21MB", "random_page_cost": "1.1", "effective_cache_size": "18GB"}
+    best = {**start, "work_mem": "64MB"}
+    sess = TuningSession(
+        request={"start": "heuristic"},
+        snapshot=snapshot,
+        start_config=start,
+        best_config={**best, "shared_buffers": "131072kB"},  # the server's 128MB, other text
+        gain_status="confirmed",
+    )
+    assert recommended_changes(sess) == best
+    sess.request = {"start": "current"}  # from the server's own: what the walk changed
+    assert recommended_changes(sess) == {"work_mem": "64MB", "shared_buffers": "131072kB"}
+    sess.request, sess.gain_status = {"start": "heuristic"}, "no-change"
+    assert recommended_changes(sess) == {}
