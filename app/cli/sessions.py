@@ -251,8 +251,9 @@ def _search_arguments(search: argparse._ArgumentGroup) -> None:
     search.add_argument(
         "--start",
         choices=["current", "heuristic"],
-        help="start from the server's current settings or from the rule of "
-        "thumb's config (default: current)",
+        help="start from the server's current settings, or from PGTune's whole config "
+        "for this machine: its settings outside the knobs tuned are held, so every gain "
+        "is measured against PGTune (default: current)",
     )
     search.add_argument(
         "--allow-unsafe",
