@@ -389,6 +389,9 @@ class Scenario:
             json={
                 "name": self.run.kind,
                 "dsn": self.sb.dsn,
+                # the workload never runs as a superuser (issue 40): a `knobtune serve`
+                # process refuses this sandbox's superuser DSN without it
+                "workload_dsn": self.sb.bench_dsn,
                 "restart_method": "faults",
                 "data_dir": str(self.sb.data_dir),
             },

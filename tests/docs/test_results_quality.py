@@ -30,6 +30,16 @@ def test_results_neighbour(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_results_faults(tmp_path: Path) -> None:
+    """The script's shortest scenario, through a `knobtune serve` process: pgbench missing
+    fails the session with a clear error and leaves the target as it was (the suite's
+    only run of it; tests/e2e/test_faults.py runs the others in-process)."""
     block = command("results-faults")
     run(small(block, tmp_path, runs="1", kinds="pgbench_missing"))
-    assert json.loads((tmp_path / "faults.json").read_text())
+    doc = json.loads((tmp_path / "faults.json").read_text())
+    (one,) = doc["runs"]
+    assert one["kind"] == "pgbench_missing"
+    assert one["ok"], one
+    assert one["trials_lost"] == one["trials_duplicated"] == 0, one
+    assert not one["target_changed"], one
+    assert one["details"]["status"] == "failed", one
+    assert one["details"]["error"].startswith("trial 1: benchmark failed: "), one
