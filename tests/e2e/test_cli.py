@@ -126,8 +126,9 @@ def _benchmark_running(dsn: str) -> bool:
 def test_interrupting_the_demo_removes_the_sandbox(tmp_path: Path) -> None:
     """SIGTERM (kill, timeout, systemd) inside the demo's first benchmark: the session is
     cancelled and the sandbox removed. Ctrl-C is the same handler while a session is
-    followed (app/cli/follow.py), and test_ctrl_c_during_tune_restores_the_target sends it;
-    a second demo for it took a minute of a worker on a loaded run."""
+    followed (app/cli/follow.py): test_ctrl_c_during_tune_restores_the_target sends it to
+    `tune`, and tests/e2e/test_cli_profiles.py to a demo (a second demo here took a minute
+    of a worker on a loaded run)."""
     proc = subprocess.Popen(
         [
             *CLI,
