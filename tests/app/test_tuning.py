@@ -148,7 +148,8 @@ def test_a_heuristic_start_holds_the_rest_of_pgtunes_config_in_every_run() -> No
         assert built.optimizer.excluded[name] == HELD
         assert built.start[name] == tuned[name]
     cand = built.optimizer.suggest()
-    assert cand is not None and cand.role == "baseline"
+    assert cand is not None
+    assert cand.role == "baseline"
     assert cand.config["random_page_cost"] == "1.1"
     assert [n for n in built.notes if "held at its values" in n]
     # one knob is tuned; the plan says so
