@@ -65,6 +65,18 @@ def workload_defaults(builtin: str | None, mode: str = "power") -> dict[str, Any
     return out
 
 
+def pgbench_jobs(jobs: int, clients: int, *, given: bool = False) -> int:
+    """pgbench's -j for ``clients`` clients: never more threads than clients (pgbench
+    refuses them). A default is capped; a count the user ``given`` above ``clients`` is
+    a ValueError that says so (WorkloadIn's validator: a 422). The one place of the
+    rule: the request's check, the workload's streams and the client sweeps use it."""
+    if jobs <= clients:
+        return jobs
+    if given:
+        raise ValueError(f"jobs ({jobs}) must not exceed clients ({clients})")
+    return clients
+
+
 def errors_text(exc: ValidationError, *, drop: int = 0) -> str:
     """``exc`` as one line, "where: what" per error, without the input it refused.
 
@@ -404,13 +416,11 @@ class WorkloadIn(BaseModel):
         for name, value in workload_defaults(self.builtin, self.mode).items():
             if name not in given:
                 setattr(self, name, value)
-        if "jobs" not in given and isinstance(self.clients, int):
-            self.jobs = min(self.jobs, self.clients)
+        if isinstance(self.clients, int):
+            self.jobs = pgbench_jobs(self.jobs, self.clients, given="jobs" in given)
         if "warmup_s" not in given and "duration_s" in given:
             # a default warm-up never eats a short run the user asked for
             self.warmup_s = min(self.warmup_s, self.duration_s // 4)
-        if isinstance(self.clients, int) and self.jobs > self.clients:
-            raise ValueError(f"jobs ({self.jobs}) must not exceed clients ({self.clients})")
         if self.warmup_s >= self.duration_s:
             raise ValueError(
                 f"warmup_s ({self.warmup_s}) must be less than duration_s ({self.duration_s}): "

@@ -13,7 +13,7 @@ from typing import Any
 from app.db import Database, utcnow
 from app.models import Sweep, TuningSession
 from app.postgres.benchlock import HostBenchLock
-from app.schemas import SessionIn, SweepIn
+from app.schemas import SessionIn, SweepIn, pgbench_jobs
 from app.sweeps.measure import SweepError, measure
 
 AUTO_RUN_S = 10  # longest run of a session's own sweep (its runs are short by design)
@@ -93,5 +93,5 @@ def auto_clients(
             finished_at=utcnow(),
         )
         s.add(sw)
-    new_wl = wl.model_copy(update={"clients": knee, "jobs": min(wl.jobs, knee)})
+    new_wl = wl.model_copy(update={"clients": knee, "jobs": pgbench_jobs(wl.jobs, knee)})
     return body.model_copy(update={"workload": new_wl})

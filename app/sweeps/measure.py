@@ -39,7 +39,7 @@ from app.postgres.connect import connect_target, current
 from app.postgres.dsn import is_local, mask_dsn, scrub
 from app.postgres.pgbench import BenchResult, BenchSpec, PgbenchError, init_data, run_bench
 from app.postgres.roles import privileges, refusal
-from app.schemas import SweepIn
+from app.schemas import SweepIn, pgbench_jobs
 from optimizer.sweep import (
     ConnectionCost,
     SweepRun,
@@ -157,7 +157,7 @@ def _spec(body: SweepIn, clients: int, *, connect_per_transaction: bool = False)
         builtin_weight=body.builtin_weight,
         scripts=[(s.sql, s.weight) for s in body.scripts] if body.scripts else None,
         clients=clients,
-        jobs=min(body.jobs, clients),  # pgbench refuses more threads than clients
+        jobs=pgbench_jobs(body.jobs, clients),
         duration_s=body.duration_s,
         warmup_s=body.warmup_s,
         protocol=body.protocol,

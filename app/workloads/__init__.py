@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from app.schemas import pgbench_jobs
 from app.workloads.base import Workload, WorkloadError
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ def workload_for(
         scale=int(wl.scale),
         init=wl.init,
         clients=n,
-        jobs=min(wl.jobs, n),
+        jobs=pgbench_jobs(wl.jobs, n),
         protocol=wl.protocol,
         isolation=wl.isolation,
         max_tries=wl.max_tries or 1,
