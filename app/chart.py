@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
+from optimizer.objective import in_units, objective_kind
+
 COLORS = {
     "keep": "#1a9850",
     "revert": "#d73027",
@@ -62,9 +64,8 @@ def final_label(session: Mapping[str, Any]) -> str | None:
     words = FINAL_WORDS.get(session.get("gain_status") or "")
     if session.get("gain") is None or words is None:
         return None
-    objective = str((session.get("request") or {}).get("objective", "throughput"))
     # in the chart's own unit: a query time that fell by 20% reads -20.0%
-    gain = -session["gain"] if objective != "throughput" else session["gain"]
+    gain = in_units(objective_kind(session.get("request")), session["gain"])
     return f"{gain:+.1%}, {words}"
 
 

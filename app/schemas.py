@@ -19,15 +19,14 @@ from pydantic import (
 from app.postgres.cgroups import PROFILES, Limits, resolve
 from app.postgres.scripts import check_script
 from app.replay.plan import REPLAY_DATABASE
+from optimizer.objective import ObjectiveKind
 
 Builtin = Literal["tpcb-like", "simple-update", "select-only"]
 # built-in workloads with their own data and scripts (app/workloads/): analytic, OLTP, hybrid
 BUILTIN_WORKLOADS = ("tpch", "tpcc", "chbench")
 AnyBuiltin = Literal["tpcb-like", "simple-update", "select-only", "tpch", "tpcc", "chbench"]
 Isolation = Literal["read committed", "repeatable read", "serializable"]
-ObjectiveName = Literal[
-    "throughput", "latency_p95", "query_time_geomean", "query_time_total", "latency_mean"
-]
+ObjectiveName = ObjectiveKind  # the kinds are optimizer/objective.py's
 
 # -- each workload's own defaults: what a request, the CLI or the dashboard leaves unsaid.
 # Read by WorkloadIn for every field the request did not set. Front ends send only what the

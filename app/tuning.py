@@ -12,11 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from app.objective import objective_of
 from app.schemas import KnobIn, SessionIn, WorkloadIn
 from optimizer.catalogue import Hardware, default_knobs, knob_space, major_version
 from optimizer.counters import ServerCounters
 from optimizer.descent import Candidate, CoordinateDescent, Measurement
-from optimizer.evidence import Objective, StreamStat
+from optimizer.evidence import StreamStat
 from optimizer.heuristic import db_type_for, pgtune
 from optimizer.knobs import Config, Knob, KnobError, KnobValueError, SettingRow, current_value
 from optimizer.settings import BudgetError, DescentSettings, check_budget
@@ -221,16 +222,6 @@ def descent_settings(body: SessionIn, seed: int) -> DescentSettings:
     )
 
 
-def objective_of(body: SessionIn) -> Objective:
-    """The request's objective, and how several streams combine into it."""
-    return Objective(
-        kind=body.objective,
-        primary=body.objective_stream,
-        weights=dict(body.stream_weights or {}),
-        p95_limits=dict(body.p95_limits or {}),
-    )
-
-
 def check_streams(body: SessionIn, names: Sequence[str]) -> None:
     """RequestError when the request names a stream its workload does not have."""
     known = list(names)
@@ -240,23 +231,6 @@ def check_streams(body: SessionIn, names: Sequence[str]) -> None:
                 f"unknown stream {name!r} in objective_stream/stream_weights/p95_limits: "
                 f"this workload's streams are {', '.join(repr(n) for n in known)}"
             )
-
-
-def gain_text(objective: str, gain: float | None) -> str | None:
-    """What a gain is in words: "throughput +12.0%", "query time -23.0%" (time saved)."""
-    if gain is None:
-        return None
-    if objective == "throughput":
-        return f"throughput {gain:+.1%}"
-    what = "p95 latency" if objective == "latency_p95" else "query time"
-    if objective == "latency_mean":
-        what = "mean latency"
-    elif objective == "query_time_geomean":
-        what = "query time (geometric mean)"
-    elif objective == "query_time_total":
-        what = "query time (total)"
-    # a gain of g on a time means the time fell by g
-    return f"{what} {-gain:+.1%}"
 
 
 def check_session_budget(body: SessionIn) -> None:

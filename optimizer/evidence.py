@@ -100,22 +100,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
+from optimizer.objective import OBJECTIVE_KINDS, ObjectiveKind
+from optimizer.objective import lower_is_better as is_time
 from optimizer.verdict import ALPHA, PRIOR_DF, RUN_SD, Run, RunStat, Verdict, compare
 
-ObjectiveKind = Literal[
-    "throughput", "latency_p95", "query_time_geomean", "query_time_total", "latency_mean"
-]
-OBJECTIVE_KINDS: tuple[ObjectiveKind, ...] = (
-    "throughput",
-    "latency_p95",
-    "query_time_geomean",
-    "query_time_total",
-    "latency_mean",
-)
 PRIOR_CV = 0.5  # prior coefficient of variation of one transaction's latency
 PRIOR_N = 2.0  # its weight, in transactions
 MAX_BATCHES = 20
@@ -230,7 +221,7 @@ class Objective:
     @property
     def lower_is_better(self) -> bool:
         """Times (latency, query time): a gain is reported as the fraction of time saved."""
-        return self.kind != "throughput"
+        return is_time(self.kind)
 
     def gain(self, log_ratio: float) -> float:
         """Fraction better for a log ratio of levels (positive = better)."""

@@ -32,7 +32,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from optimizer.evidence import OBJECTIVE_KINDS, StreamStat, judge_streams, summarize_stream
+from optimizer.evidence import StreamStat, judge_streams, summarize_stream
+from optimizer.objective import OBJECTIVE_KINDS
 from optimizer.verdict import Verdict, judge
 
 TX_KEYS = ("labels", "start_s", "latency_ms")

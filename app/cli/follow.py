@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from app.cli.shared import Api, CliError
+from optimizer.objective import in_units, objective_kind
 
 
 def follow(
@@ -116,8 +117,6 @@ class _CancelOnInterrupt:
 def _trial_cells(
     t: dict[str, Any], trials: list[dict[str, Any]], objective: str = "throughput"
 ) -> list[str]:
-    from app.sessions.summary import in_units
-
     # one sign per result, in the objective's units: a query time that fell reads -20%
     gain = f"{in_units(objective, t['gain']) * 100:+.1f}%" if t["gain"] is not None else ""
     med = t["samples"]["median_tps"]
@@ -168,7 +167,7 @@ class _LiveView:
         table = Table(title=f"session {sess['id']}: {sess['status']} - {sess['phase']}")
         for col in ("#", "knob", "value", "median tps", "gain", "verdict"):
             table.add_column(col, justify="right" if col in ("#", "median tps", "gain") else "left")
-        objective = str(sess["request"].get("objective", "throughput"))
+        objective = objective_kind(sess["request"])
         for t in trials[-15:]:
             table.add_row(*_trial_cells(t, trials, objective))
         prog = sess["progress"]
@@ -191,7 +190,7 @@ class _LineView:
         return None
 
     def update(self, sess: dict[str, Any], trials: list[dict[str, Any]]) -> None:
-        objective = str(sess["request"].get("objective", "throughput"))
+        objective = objective_kind(sess["request"])
         for t in trials[self.shown :]:
             idx, knob, value, med, gain, verdict = _trial_cells(t, trials, objective)
             self.console.print(

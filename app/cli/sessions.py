@@ -41,6 +41,7 @@ from app.cli.shared import (
     write_text,
 )
 from app.cli.targets import cli_restart, find_or_create_target, find_target
+from optimizer.objective import chart_axis, objective_kind
 from optimizer.render import status_label
 
 
@@ -408,7 +409,7 @@ def result_lines(sess: dict[str, Any]) -> list[str]:
         lines.append(f"result: {sess['headline']}{', ' + label if label else ''}")
     elif label:
         lines.append(f"result: {label}")
-    objective = str(sess["request"].get("objective", "throughput"))
+    objective = objective_kind(sess["request"])
     if objective == "throughput" and sess.get("baseline_tps") and sess.get("best_tps"):
         lines.append(
             f"throughput: {sess['baseline_tps']:.1f} tps at the start, {sess['best_tps']:.1f} "
@@ -455,7 +456,6 @@ def write_outputs(api: Api, sess: dict[str, Any], out: Path, *, force: bool) -> 
     paths as ``out`` was given."""
     from app.chart import final_label, points_of, render_svg
     from app.outfiles import OutputRefused, check_dir, check_free
-    from app.sessions.summary import chart_axis
 
     session_id = int(sess["id"])
     paths = session_files(out, session_id)
@@ -469,7 +469,7 @@ def write_outputs(api: Api, sess: dict[str, Any], out: Path, *, force: bool) -> 
         ) from None
     conf = api.call("GET", f"/api/v1/sessions/{session_id}/config")
     trials = api.call("GET", f"/api/v1/sessions/{session_id}/trials")
-    axis, unit = chart_axis(str(sess["request"].get("objective", "throughput")))
+    axis, unit = chart_axis(objective_kind(sess["request"]))
     chart = render_svg(
         points_of(trials, unit=unit),
         baseline=sess["baseline_tps"] if unit == "tps" else None,
@@ -560,7 +560,7 @@ def _result_cell(s: dict[str, Any]) -> str:
     status = s.get("gain_status")
     if status in ("none", "no-change"):
         return "no change recommended"
-    head = headline(str(s["request"].get("objective", "throughput")), s.get("gain"))
+    head = headline(objective_kind(s["request"]), s.get("gain"))
     if head is None:
         return "-"
     label = {"confirmed": "confirmed", "not-credible": "not credible"}.get(status or "", "")

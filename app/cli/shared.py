@@ -17,6 +17,7 @@ from typing import Any, TypeAlias
 import httpx
 
 from app.postgres.cgroups import PROFILES
+from optimizer.objective import OBJECTIVE_KINDS
 
 
 class CliError(Exception):
@@ -204,7 +205,7 @@ Handler: TypeAlias = Callable[[argparse.Namespace], int]
 
 # The choices of a workload and a search that tune and compare both take
 BUILTINS = ["tpcb-like", "simple-update", "select-only", "tpch", "tpcc", "chbench"]
-OBJECTIVES = ["throughput", "latency_p95", "query_time_geomean", "query_time_total", "latency_mean"]
+OBJECTIVES = list(OBJECTIVE_KINDS)
 WORKLOAD_KINDS = ["write-heavy", "read-heavy", "mixed", "analytics"]
 ISOLATION_LEVELS = ["read committed", "repeatable read", "serializable"]
 

@@ -36,6 +36,7 @@ from app.compare.schemas import ComparisonIn
 from app.compare.service import figures, names_of, orders_of
 from app.db import Database, utcnow
 from app.models import Comparison, Target
+from app.objective import objective_of
 from app.postgres.benchlock import lock_for
 from app.postgres.cgroups import smaller
 from app.postgres.dsn import scrub
@@ -351,7 +352,7 @@ class ComparisonRunner:
         if prepared and not done:
             self.store.note(prepared)
         self.hb.check()
-        objective = Objective(kind=body.objective)
+        objective = objective_of(body)
 
         def on_run(i: int, rnd: int, name: str, out: TrialOutcome, seen: dict[str, str]) -> None:
             self._on_run(i, rnd, name, out, seen, configs, orders, objective)

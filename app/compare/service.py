@@ -25,7 +25,7 @@ from app.models import Comparison, Target, TuningSession
 from app.preflight import PreflightError, check_workload
 from app.runs.heartbeat import request_cancel
 from app.sessions.apply import recommended_changes
-from app.sessions.summary import headline, lower_is_better
+from app.sessions.summary import headline
 from app.settings import Settings
 from app.targets.access import restart_for
 from app.targets.holds import server_holder
@@ -36,6 +36,7 @@ from app.workloads import workload_for
 from app.workloads.base import WorkloadError
 from optimizer.compare import ALPHA, check_config, paired_gain, round_orders, summarize
 from optimizer.knobs import KnobError, SettingRow
+from optimizer.objective import lower_is_better, objective_kind, unit
 
 
 def _session_config(
@@ -219,7 +220,7 @@ def figures(row: Comparison) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
     """Per config its median level and 95% interval; per config but the reference its
     gain over the reference from the rounds' paired ratios."""
     names, ref = names_of(row), reference_of(row)
-    objective = str(row.request.get("objective", "throughput"))
+    objective = objective_kind(row.request)
     lower = lower_is_better(objective)
     levels = levels_by_config(row.runs or [], names, int(row.request.get("rounds", 0)))
     summary = summarize(levels, lower)
@@ -237,7 +238,7 @@ def figures(row: Comparison) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
 
 def comparison_out(row: Comparison, target_name: str | None = None) -> ComparisonOut:
     names = names_of(row)
-    objective = str(row.request.get("objective", "throughput"))
+    objective = objective_kind(row.request)
     table, gains = figures(row)
     elapsed = None
     if row.started_at is not None:
@@ -253,7 +254,7 @@ def comparison_out(row: Comparison, target_name: str | None = None) -> Compariso
         seed=row.seed,
         reference=reference_of(row),
         objective=objective,
-        unit="ms" if lower_is_better(objective) else "tps",
+        unit=unit(objective),
         configs=configs,
         orders=orders_of(row),
         runs_done=len(row.runs or []),

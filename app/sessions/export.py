@@ -22,15 +22,15 @@ from app.sessions.service import (
     pair,
     recommendation_base,
 )
-from app.sessions.summary import resolution_note
+from app.sessions.summary import headline, resolution_note
 from app.sweeps.service import sweep_header
 from app.targets.service import get_target
-from app.tuning import gain_text
 from optimizer import managed
 from optimizer.catalogue import CATALOGUE
 from optimizer.checkpoints import CHECKPOINT_KNOBS
 from optimizer.counters import ServerCounters
 from optimizer.counters import summary as counters_summary
+from optimizer.objective import lower_is_better, objective_kind
 from optimizer.order import combine
 from optimizer.render import Recommendation, claim_text, render_conf, render_json, render_sql
 
@@ -65,9 +65,9 @@ def recommendation(db: Database, session_id: int) -> Recommendation:
             + ", ".join(f"{k}={sess.best_config[k]}" for k in unsafe)
             + "); a crash can lose committed transactions or corrupt data where they are off"
         )
-    objective = str(sess.request.get("objective", "throughput"))
-    said = gain_text(objective, sess.gain)
-    if said and objective != "throughput":
+    objective = objective_kind(sess.request)
+    said = headline(objective, sess.gain)
+    if said and lower_is_better(objective):
         # the claim line below gives "fraction better"; for times, say it as time saved
         header["objective"] = f"{objective}: {said} (a gain below is the fraction of time saved)"
     labels, streams, status = best_vs_start(sess, trials)
@@ -259,8 +259,7 @@ def export(db: Database, session_id: int, fmt: str) -> str:
         doc = json.loads(render_json(rec))
         sess = get_session(db, session_id)
         labels, streams, status = best_vs_start(sess, list_trials(db, session_id))
-        objective = str(sess.request.get("objective", "throughput"))
-        doc["gain_text"] = gain_text(objective, sess.gain)
+        doc["gain_text"] = headline(objective_kind(sess.request), sess.gain)
         doc["per_label"], doc["per_stream"], doc["per_label_status"] = labels, streams, status
         return json.dumps(doc, indent=2, allow_nan=False) + "\n"
     return render_conf(rec)

@@ -28,7 +28,6 @@ from app.tuning import (
     build_space,
     check_session_budget,
     check_streams,
-    gain_text,
     hardware_from,
     rows_from_json,
     workload_kind,
@@ -36,6 +35,7 @@ from app.tuning import (
 from app.workloads import workload_for
 from app.workloads.base import WorkloadError
 from optimizer.catalogue import default_knobs, major_version
+from optimizer.objective import objective_kind
 
 
 def validate_session(target: Target, body: SessionIn) -> None:
@@ -208,7 +208,7 @@ def session_out(
     labels, streams, status = (
         best_vs_start(sess, list_trials(db, sess.id)) if detail else (None, None, None)
     )
-    objective = str(sess.request.get("objective", "throughput"))
+    objective = objective_kind(sess.request)
     ci = _interval(sess.gain_ci_low, sess.gain_ci_high)
     if name is None:
         with db.session() as s:
@@ -226,7 +226,7 @@ def session_out(
         outcome=outcome(sess.status, sess.gain_status, sess.start_config, sess.best_config),
         gain_p_value=sess.gain_p_value,
         gain_ci=ci,
-        gain_text=gain_text(objective, sess.gain),
+        gain_text=headline(objective, sess.gain),  # the headline without its interval
         headline=headline(objective, sess.gain, ci),
         summary=summary(
             session_id=sess.id,

@@ -14,33 +14,17 @@ from typing import Any
 
 from app.chart import readable
 from app.evidence import streams_from_json
+from app.objective import objective_of
 from optimizer.descent import RESOLUTION
-from optimizer.evidence import FLOOR, Objective, run_level
-
-TIME_OBJECTIVES = ("latency_p95", "query_time_geomean", "query_time_total", "latency_mean")
-_WHAT = {
-    "throughput": "throughput",
-    "latency_p95": "p95 latency",
-    "query_time_geomean": "query time (geometric mean)",
-    "query_time_total": "query time (total)",
-    "latency_mean": "mean latency",
-}
-
-
-def lower_is_better(objective: str) -> bool:
-    return objective in TIME_OBJECTIVES
-
-
-def in_units(objective: str, gain: float) -> float:
-    """The verdict's gain ("fraction better") as the objective's own relative change."""
-    return -gain if lower_is_better(objective) else gain
+from optimizer.evidence import FLOOR, run_level
+from optimizer.objective import gain_words, in_units, lower_is_better, objective_kind
 
 
 def headline(objective: str, gain: float | None, ci: Sequence[float] | None = None) -> str | None:
     """ "throughput +12.0% (95% CI +4.0% to +20.1%)", "query time (total) -23.0% (...)"."""
     if gain is None:
         return None
-    text = f"{_WHAT.get(objective, objective)} {in_units(objective, gain):+.1%}"
+    text = gain_words(objective, gain)
     if ci:
         lo, hi = sorted((in_units(objective, ci[0]), in_units(objective, ci[1])))
         text += f" (95% CI {lo:+.1%} to {hi:+.1%})"
@@ -168,20 +152,6 @@ def resolution_note(notes: Sequence[object] | None) -> str | None:
     return seen[-1] if seen else None
 
 
-# -- the chart's unit ------------------------------------------------------------------------
-def chart_axis(objective: str) -> tuple[str, str]:
-    """(axis title, unit) of a session's chart: tps, or milliseconds for time objectives."""
-    if objective == "latency_p95":
-        return "p95 latency per run (ms), lower is better", "ms"
-    if objective == "query_time_geomean":
-        return "query time per run, geometric mean (ms), lower is better", "ms"
-    if objective == "query_time_total":
-        return "query time per run, total (ms), lower is better", "ms"
-    if objective == "latency_mean":
-        return "mean latency per run (ms), lower is better", "ms"
-    return "median tps per run", "tps"
-
-
 def run_value(evidence: Mapping[str, Any] | None, request: Mapping[str, Any]) -> float | None:
     """A run's level in the objective's own unit (ms) from its stored transactions.
 
@@ -189,17 +159,12 @@ def run_value(evidence: Mapping[str, Any] | None, request: Mapping[str, Any]) ->
     (its chart plots the median tps), a run without evidence, or one in which a designed
     query never finished.
     """
-    objective = str(request.get("objective", "throughput"))
-    if not lower_is_better(objective):
+    if not lower_is_better(objective_kind(request)):
         return None
     streams = streams_from_json(evidence)
     if not streams:
         return None
-    obj = Objective(
-        kind=objective,  # type: ignore[arg-type]
-        primary=request.get("objective_stream"),
-        weights=dict(request.get("stream_weights") or {}),
-    )
+    obj = objective_of(request)
     try:
         level = run_level(streams, obj)
     except ValueError:

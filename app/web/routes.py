@@ -55,11 +55,12 @@ from app.schemas import (
 )
 from app.sessions import apply as apply_svc
 from app.sessions import service as session_svc
-from app.sessions.summary import chart_axis, headline, in_units, note_kind, run_value
+from app.sessions.summary import headline, note_kind, run_value
 from app.sweeps import service as sweep_svc
 from app.targets import service as target_svc
 from app.targets.holds import holders
 from optimizer.catalogue import CATALOGUE
+from optimizer.objective import DEFAULT_OBJECTIVE, chart_axis, in_units, objective_kind
 from optimizer.render import status_label
 
 HERE = Path(__file__).parent
@@ -233,7 +234,7 @@ def _session_defaults() -> dict[str, str]:
         "final_check_runs": str(SessionIn.model_fields["final_check_runs"].default),
         "on_finish": "restore",
         "start": "current",
-        "objective": "throughput",
+        "objective": DEFAULT_OBJECTIVE,
         "mode": "power",
     }
 
@@ -502,7 +503,7 @@ def _session_ctx(db: Database, session_id: int) -> dict[str, Any]:
     out = session_svc.session_out(
         db, sess, {session_id: (len(trials), per_trial)}, name=target.name
     )
-    objective = str(sess.request.get("objective", "throughput"))
+    objective = objective_kind(sess.request)
     axis, unit = chart_axis(objective)
     if unit != "tps":
         levels = _levels(db, session_id, sess.request)
