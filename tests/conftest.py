@@ -63,7 +63,6 @@ _SLOW_FIRST = (
     "tests/app/api/test_service_api.py",  # 56 s
     "tests/docs/test_results_steady.py",  # 54 s
     "tests/acceptance/test_cli_user.py",  # 51 s
-    "tests/docs/test_results_e2e.py",  # 44 s
     "tests/e2e/test_cli.py",  # 42 s
 )
 

@@ -4,9 +4,10 @@ removed or given a bad value fails here, in a second, not after a 30-minute run.
 
 Running each at its smallest size took a third of the suite's time, and its commands of
 one script mostly differ in numbers. So ONE test per script runs its shared path small
-(test_results_e2e.py, test_results_steady.py, test_results_search_order.py,
-test_results_captures.py, test_results_commands.py, test_results_quality.py) and every
-command is parsed here; a page's figures come only from its full-size runs."""
+(test_results_steady.py, test_results_search_order.py: bench/e2e.py's path in both its
+sessions, test_results_captures.py, test_results_commands.py, test_results_quality.py,
+test_results_duet.py) and every command is parsed here; a page's figures come only from
+its full-size runs."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def _configs(text: str) -> dict[str, dict[str, str]]:
 @pytest.mark.parametrize(
     "name",
     [
-        # bench/e2e.py (test_results_e2e.py runs B1 small)
+        # bench/e2e.py (test_results_search_order.py runs its path: two sessions)
         "results-e2e",
         "results-tpcb-b1-small",
         "results-tpcb-b2-headroom",
@@ -49,7 +50,7 @@ def _configs(text: str) -> dict[str, dict[str, str]]:
         "results-tpcc-c2-small",
         # bench/steady_state.py (test_results_steady.py runs D1)
         "results-tpcb-d1-steady",
-        # bench/search_order.py (test_results_search_order.py runs H1)
+        # bench/search_order.py (test_results_search_order.py runs B1, or H1)
         "results-search-order",
         "results-search-order-analytic",
         # bench/capture_overhead.py, bench/replay_fidelity.py (test_results_captures.py)
