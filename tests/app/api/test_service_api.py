@@ -139,6 +139,10 @@ def test_complete_session_restores_target_and_exports_a_loadable_config(
             "workload": QUICK_WORKLOAD,
             "max_trials": 11,
             "seed": 7,
+            # 2 s runs: without a time budget the checkpoint rule may judge max_wal_size on
+            # 5-minute runs (a CI run waited 180 s on one); this test is about the
+            # lifecycle, restore and export, not about where max_wal_size is judged
+            "checkpoint_rule": False,
         },
     )
     assert r.status_code == 202, r.text

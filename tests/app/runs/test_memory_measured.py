@@ -161,7 +161,12 @@ def test_a_small_server_gets_a_pool_well_past_a_quarter_of_its_memory(
     # then a finer step: 256MB, half the server's memory, applied (a restart) and measured
     second = cands[1]
     assert second["value"] == "256MB", cands
-    assert second["verdict"] != "rejected", second["reason"]
+    # applied and run: the memory guard let it through. On a loaded host the throughput
+    # watch may stop its run early (a CI run: 2 s far below the incumbent's), which is
+    # the performance guard's decision, not the memory guard's
+    assert not (second["reason"] or "").startswith("memory guard"), second["reason"]
+    if second["verdict"] == "rejected":
+        assert second["reason"].startswith("performance guard"), second["reason"]
     assert second["error"] is None
     assert second["samples"]["n"] > 0
     assert "apply_s" in second["timings"]
