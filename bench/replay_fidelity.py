@@ -781,6 +781,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 duration=args.session_duration,
                 warmup=min(args.warmup, args.session_duration - 1),
                 budget_s=args.budget_s,
+                max_trials=500,  # e2e.py's default: the time budget decides
                 start="current",
                 final_check_runs=args.final_check_runs,
                 allow_unsafe=UNSAFE,
