@@ -148,6 +148,11 @@ def canonical(knob: Knob, text: str) -> str:
     return knob.format(knob.parse(text))
 
 
+def pgtune_for(body: SessionIn, hw: Hardware, version: int | None) -> Config:
+    """PGTune's config for this machine and the request's kind of workload."""
+    return pgtune(hw, db_type_for(workload_kind(body)), pg_version=version or 15)
+
+
 def hints_for(
     body: SessionIn, space: Sequence[Knob], hw: Hardware, version: int | None = None
 ) -> Config | None:
@@ -160,7 +165,7 @@ def hints_for(
     if body.start != "current" or not body.hints:
         return None
     names = {k.name for k in space}
-    tuned = pgtune(hw, db_type_for(workload_kind(body)), pg_version=version or 15)
+    tuned = pgtune_for(body, hw, version)
     return {k: v for k, v in tuned.items() if k in names}
 
 
@@ -173,10 +178,7 @@ def start_config(
 ) -> Config:
     """The config the descent starts from: the server's current values, or PGTune-style."""
     config: Config = {}
-    kind = workload_kind(body)
-    heuristic = (
-        pgtune(hw, db_type_for(kind), pg_version=version or 15) if body.start == "heuristic" else {}
-    )
+    heuristic = pgtune_for(body, hw, version) if body.start == "heuristic" else {}
     for knob in space:
         own = effective.get(knob.name)
         text = heuristic.get(knob.name) or own or knob.default
@@ -288,7 +290,7 @@ def held_knobs(
     if body.start != "heuristic":
         return []
     tuned = {k.name for k in space}
-    values = pgtune(hw, db_type_for(workload_kind(body)), pg_version=version or 15)
+    values = pgtune_for(body, hw, version)
     out: list[Knob] = []
     for name in values:
         if name in tuned or name not in rows:
