@@ -831,7 +831,10 @@ class CoordinateDescent:
         if not self.settings.order_by_counters:
             return
         counters = combine(self._ledger.counters.get(key, []))
-        ordering = order_knobs([k.name for k in self.space], counters, runs)
+        # a knob excluded for good (not merely set aside for longer runs) is never tried:
+        # "tried first" would mislead
+        gone = {n for n in self._excluded if n not in self._set_aside}
+        ordering = order_knobs([k.name for k in self.space], counters, runs, gone)
         order = tuple(self._knobs[n] for n in ordering.order)
         if not ordering.notes or (self.orderings and order == self._order):
             return

@@ -23,7 +23,7 @@ Pure and deterministic: a replayed session orders its knobs the same way.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from optimizer.checkpoints import CHECKPOINT_KNOBS
@@ -128,10 +128,14 @@ def mechanism(knob: str) -> str | None:
 
 
 def order_knobs(
-    names: Sequence[str], counters: ServerCounters | None, runs: str = "the baseline"
+    names: Sequence[str],
+    counters: ServerCounters | None,
+    runs: str = "the baseline",
+    unnoted: Collection[str] = (),
 ) -> Ordering:
     """``names`` with busy mechanisms first and idle ones last (see the module docstring);
-    ``runs``: whose counters these are, for the notes."""
+    ``runs``: whose counters these are, for the notes. ``unnoted``: knobs ordered like the
+    rest but left out of the notes (the session will not try them, e.g. held ones)."""
     if counters is None:
         return Ordering(tuple(names), ())
     states = _states(counters, runs)
@@ -147,8 +151,10 @@ def order_knobs(
             middle.append(name)
         elif state[0]:
             first.append(name)
-            notes_first.append(f"{name}: {state[1]}, tried first")
+            if name not in unnoted:
+                notes_first.append(f"{name}: {state[1]}, tried first")
         else:
             last.append(name)
-            notes_last.append(f"{name}: {state[1]}, tried last")
+            if name not in unnoted:
+                notes_last.append(f"{name}: {state[1]}, tried last")
     return Ordering((*first, *middle, *last), (*notes_first, *notes_last))

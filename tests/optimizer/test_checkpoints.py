@@ -126,6 +126,11 @@ def test_busy_mechanisms_go_first_idle_ones_last_with_notes() -> None:
     )
     assert "max_wal_size: no checkpoint in the baseline's runs, tried last" in o.notes
     assert any(n.startswith("work_mem: no sort or hash spilled") for n in o.notes)
+    # a knob the session will not try is ordered like the rest but not noted
+    quiet = order_knobs(names, c, unnoted={"shared_buffers", "jit"})
+    assert quiet.order == o.order
+    assert not any(n.startswith(("shared_buffers", "jit")) for n in quiet.notes)
+    assert len(quiet.notes) == len(o.notes) - 2
     # nothing measured: the given order, no notes
     assert order_knobs(names, None).order == tuple(names)
     assert order_knobs(names, ServerCounters(seconds=1.0)).order == tuple(names)
@@ -270,6 +275,21 @@ def test_the_descent_orders_knobs_from_the_baselines_counters() -> None:
         space, {}, replace(DescentSettings(max_trials=40), order_by_counters=False)
     )
     assert plain.order_notes == ()
+
+
+def test_the_order_notes_leave_out_knobs_held_for_the_session() -> None:
+    """A knob excluded for good (start: heuristic holds PGTune's settings outside the tuned
+    knobs) is never tried, so the search order does not say it is "tried first"."""
+    space = knob_space(["shared_buffers", "effective_io_concurrency", "max_wal_size"], HW)
+    start = {"shared_buffers": "128MB", "effective_io_concurrency": "200", "max_wal_size": "1GB"}
+    opt = CoordinateDescent(space, start, DescentSettings(max_trials=12, run_seconds=30))
+    opt.exclude("effective_io_concurrency", "held")
+    while (cand := opt.suggest()) is not None:
+        opt.register(cand, _run(1000.0, 0.0, 30, blks_read=200.0, blks_hit=800.0))
+    notes = [n for line in opt.orderings for n in line.split("; ")]
+    assert any("shared_buffers: 20.0% of blocks read" in n for n in notes)
+    assert not any("effective_io_concurrency" in n for n in notes)
+    assert "effective_io_concurrency" not in {k for _, k, _, _ in opt.verdicts}
 
 
 def test_kept_hints_reorder_the_walk_from_their_own_runs() -> None:
