@@ -194,6 +194,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
             "checkpoint_completion_target",
             "wal_writer_delay",
             "shared_buffers",
+            # PGTune's pool stalled here with the background writer busy (docs/results)
+            "bgwriter_lru_maxpages",
         ],
     },
     # Hybrid: CH-benCHmark, TPC-C clients and one analytic client on the same data
@@ -316,6 +318,10 @@ def tune(
                 t["verdict"],
                 t.get("io"),
                 t["value"],  # the candidate's value (a rejected one has no run to show it)
+                # why it was kept, reverted, rejected or left undecided, and by how much
+                t["reason"],
+                t["gain"],
+                t["p_value"],
             ]
             for t in trials
         ],
