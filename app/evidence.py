@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from app.postgres.pgbench import BenchResult, BenchSpec
+from app.postgres.pgbench import BenchResult, BenchSpec, pgbench_jobs
 from app.workloads.base import Stream
 from optimizer.counters import ServerCounters
 from optimizer.counters import summary as counters_summary
@@ -49,7 +49,7 @@ def bench_spec(
         builtin_weight=stream.builtin_weight,
         scripts=[(s.sql, s.weight) for s in stream.scripts] or None,
         clients=stream.clients,
-        jobs=min(stream.jobs, stream.clients),
+        jobs=pgbench_jobs(stream.jobs, stream.clients),
         duration_s=duration_s,
         warmup_s=warmup_s,
         protocol=stream.protocol,

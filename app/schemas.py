@@ -17,6 +17,7 @@ from pydantic import (
 )
 
 from app.postgres.cgroups import PROFILES, Limits, resolve
+from app.postgres.pgbench import pgbench_jobs
 from app.postgres.scripts import check_script
 from app.replay.plan import REPLAY_DATABASE
 from optimizer.objective import ObjectiveKind
@@ -62,18 +63,6 @@ def workload_defaults(builtin: str | None, mode: str = "power") -> dict[str, Any
     if builtin == "tpch" and mode == "throughput":
         out.update(clients=2, jobs=2)  # TPC-H's throughput test: at least two streams
     return out
-
-
-def pgbench_jobs(jobs: int, clients: int, *, given: bool = False) -> int:
-    """pgbench's -j for ``clients`` clients: never more threads than clients (pgbench
-    refuses them). A default is capped; a count the user ``given`` above ``clients`` is
-    a ValueError that says so (WorkloadIn's validator: a 422). The one place of the
-    rule: the request's check, the workload's streams and the client sweeps use it."""
-    if jobs <= clients:
-        return jobs
-    if given:
-        raise ValueError(f"jobs ({jobs}) must not exceed clients ({clients})")
-    return clients
 
 
 def errors_text(exc: ValidationError, *, drop: int = 0) -> str:

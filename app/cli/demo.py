@@ -56,6 +56,7 @@ def register(sub: Subparsers) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from app.outfiles import OutputRefused, check_free
+    from app.postgres.pgbench import pgbench_jobs
     from app.postgres.sandbox import Sandbox
 
     out = out_dir(args)
@@ -94,7 +95,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     "init": True,  # the script sorts pgbench's accounts
                     "scale": args.scale,
                     "clients": args.clients,
-                    "jobs": min(2, args.clients),
+                    "jobs": pgbench_jobs(2, args.clients),
                     "duration_s": args.duration,
                     "warmup_s": args.warmup,
                 }

@@ -276,6 +276,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise UsageError("give --target NAME (a registered target) or --dsn DSN, one of them")
     if args.server and not args.follow and args.out is not None:
         raise UsageError("--out writes a session's files when it ends: add --follow")
+    _check_jobs(args)
     out = out_dir(args)  # refused now, not after the session
     url = args.database_url
     if args.target is not None and not args.server:
@@ -304,6 +305,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return report(api, final, out, force=args.force)
 
 
+def _check_jobs(args: argparse.Namespace) -> None:
+    """--jobs above --clients is refused as the API refuses it (its 422), before a target
+    is registered. Without --clients the workload's default applies, and the API says."""
+    from app.postgres.pgbench import pgbench_jobs
+
+    if isinstance(args.clients, int) and args.jobs is not None:
+        try:
+            pgbench_jobs(args.jobs, args.clients, given=True, names=("--jobs", "--clients"))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+
 def _session_body(args: argparse.Namespace, target_id: int) -> dict[str, Any]:
     """The session request: only what the user gave; the workload's own defaults fill in
     the rest (TPC-H's power test is one client, whatever pgbench's default is)."""
@@ -321,8 +334,6 @@ def _session_body(args: argparse.Namespace, target_id: int) -> dict[str, Any]:
         "queries": [q.strip() for q in args.queries.split(",")] if args.queries else None,
     }
     workload: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
-    if isinstance(args.clients, int) and args.jobs is not None and args.jobs > args.clients:
-        workload["jobs"] = args.clients
     if args.builtin:
         workload["builtin"] = args.builtin
     if args.script:

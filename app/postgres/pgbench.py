@@ -90,6 +90,28 @@ class PgbenchError(RuntimeError):
     """pgbench could not be run or failed outside a measurement (e.g. ``pgbench -i``)."""
 
 
+def pgbench_jobs(
+    jobs: int, clients: int, *, given: bool = False, names: tuple[str, str] = ("jobs", "clients")
+) -> int:
+    """pgbench's -j for ``clients`` clients: never more threads than clients.
+
+    pgbench itself lowers -j to -c without a word, so a request or a spec that said more
+    would record threads that never ran. A default is capped; a count the user ``given``
+    above ``clients`` is a ValueError that says what to change, in the front end's
+    ``names`` for the two (the API's 422, the CLI's usage error, an invalid BenchSpec).
+    The one place of the rule: the request's check, the workload's streams, the client
+    sweeps, the demo, the CLI and the spec use it."""
+    if jobs <= clients:
+        return jobs
+    if given:
+        j, c = names
+        raise ValueError(
+            f"{j} ({jobs}) must not exceed {c} ({clients}): pgbench runs at most one thread "
+            f"per client; give {j} {clients} or less, or more {c}"
+        )
+    return clients
+
+
 # -- specification ---------------------------------------------------------------
 @dataclass
 class BenchSpec:
@@ -145,6 +167,9 @@ class BenchSpec:
             )
         if self.clients < 1 or self.jobs < 1:
             raise ValueError("clients and jobs must be >= 1")
+        # every caller derives jobs with pgbench_jobs; a spec built by hand that asks for
+        # more is refused, so that the spec says what ran
+        pgbench_jobs(self.jobs, self.clients, given=True)
         if self.duration_s < 1:
             raise ValueError("duration_s must be >= 1")
         if not 0 <= self.warmup_s < self.duration_s:
@@ -273,7 +298,7 @@ def build_command(
         "-c",
         str(spec.clients),
         "-j",
-        str(min(spec.jobs, spec.clients)),
+        str(spec.jobs),  # at most clients: validate() refused more
         "-M",
         spec.protocol,
         "-l",

@@ -13,7 +13,8 @@ from typing import Any
 from app.db import Database, utcnow
 from app.models import Sweep, TuningSession
 from app.postgres.benchlock import HostBenchLock
-from app.schemas import SessionIn, SweepIn, pgbench_jobs
+from app.postgres.pgbench import pgbench_jobs
+from app.schemas import SessionIn, SweepIn
 from app.sweeps.measure import SweepError, measure
 
 AUTO_RUN_S = 10  # longest run of a session's own sweep (its runs are short by design)

@@ -37,9 +37,16 @@ from psycopg.conninfo import conninfo_to_dict
 from app.postgres.benchlock import HostBenchLock, maybe_turn
 from app.postgres.connect import connect_target, current
 from app.postgres.dsn import is_local, mask_dsn, scrub
-from app.postgres.pgbench import BenchResult, BenchSpec, PgbenchError, init_data, run_bench
+from app.postgres.pgbench import (
+    BenchResult,
+    BenchSpec,
+    PgbenchError,
+    init_data,
+    pgbench_jobs,
+    run_bench,
+)
 from app.postgres.roles import privileges, refusal
-from app.schemas import SweepIn, pgbench_jobs
+from app.schemas import SweepIn
 from optimizer.sweep import (
     ConnectionCost,
     SweepRun,

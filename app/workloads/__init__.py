@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from app.schemas import pgbench_jobs
+from app.postgres.pgbench import pgbench_jobs
 from app.workloads.base import Workload, WorkloadError
 
 if TYPE_CHECKING:

@@ -109,7 +109,8 @@ def test_target_without_alter_system_privilege_is_422(client: TestClient, sandbo
         ({"workload": {**QUICK_WORKLOAD, "clients": 0}}, "clients"),
         (
             {"workload": {**QUICK_WORKLOAD, "jobs": 3, "clients": 2}},
-            "jobs (3) must not exceed clients (2)",
+            "jobs (3) must not exceed clients (2): pgbench runs at most one thread per "
+            "client; give jobs 2 or less, or more clients",
         ),
         (
             {"workload": {**QUICK_WORKLOAD, "builtin": None, "scripts": [{"sql": "  "}]}},

@@ -87,6 +87,19 @@ def test_usage_errors_exit_2_and_other_errors_1(
     assert reporting.next_id() == 1  # no session was made
 
 
+def test_jobs_above_clients_is_a_usage_error(
+    reporting: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--jobs above --clients is refused as the API's 422 refuses it (it was capped
+    silently): a usage error that says what to change; no target, no session."""
+    assert reporting.tune("--jobs", "3") == shared.EXIT_USAGE  # world.TUNE has --clients 2
+    assert capsys.readouterr().err.strip() == (
+        "knobtune: --jobs (3) must not exceed --clients (2): pgbench runs at most one thread "
+        "per client; give --jobs 2 or less, or more --clients"
+    )
+    assert reporting.next_id() == 1  # no session was made
+
+
 def test_the_exit_status_outcome_and_summary_agree() -> None:
     """Every (status, claim, changed?) a session can end in: the outcome the API and the
     exit status give is what the summary's first words say."""

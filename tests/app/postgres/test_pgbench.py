@@ -17,6 +17,7 @@ from app.postgres.pgbench import (
     PgbenchError,
     build_command,
     init_data,
+    pgbench_jobs,
     remove_orphan_rundirs,
     run_bench,
 )
@@ -205,6 +206,27 @@ def test_invalid_spec_raises() -> None:
         BenchSpec(builtin="tpcc").validate()
     with pytest.raises(ValueError, match="protocol"):
         BenchSpec(protocol="binary").validate()
+    # more threads than clients: pgbench would quietly run fewer than the spec says
+    with pytest.raises(ValueError, match=r"jobs \(3\) must not exceed clients \(2\)"):
+        BenchSpec(clients=2, jobs=3).validate()
+
+
+def test_jobs_never_exceed_clients() -> None:
+    """The one rule: a default is capped, a count the user gave is refused saying what to
+    change, in the caller's names for the two; the spec's -j is the one it holds."""
+    assert pgbench_jobs(2, 8) == 2
+    assert pgbench_jobs(8, 8, given=True) == 8
+    assert pgbench_jobs(4, 2) == 2
+    with pytest.raises(ValueError) as exc:
+        pgbench_jobs(4, 2, given=True)
+    assert str(exc.value) == (
+        "jobs (4) must not exceed clients (2): pgbench runs at most one thread per client; "
+        "give jobs 2 or less, or more clients"
+    )
+    with pytest.raises(ValueError, match=r"^--jobs \(4\) must not exceed --clients \(2\)"):
+        pgbench_jobs(4, 2, given=True, names=("--jobs", "--clients"))
+    argv = build_command(BenchSpec(clients=4, jobs=3), "pgbench", Path("/run/x"), [])
+    assert argv[argv.index("-c") + 1 : argv.index("-j") + 2] == ["4", "-j", "3"]
 
 
 def test_overhead_of_a_two_second_run(sandbox_factory: SandboxFactory) -> None:
