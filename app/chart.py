@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
+from app.sessions.verdicts import judged_runs
 from optimizer.objective import in_units, objective_kind
 
 COLORS = {
@@ -133,16 +134,15 @@ def _outcomes(points: Sequence[Point]) -> dict[int, str | None]:
     re-run (C I I: the keep is stored on the last I); every candidate run of that
     evaluation shows the outcome, and the deciding incumbent run stays an incumbent run.
     """
-    out: dict[int, str | None] = {}
-    pending: list[int] = []
-    for p in points:
-        if p.role == "candidate":
-            pending.append(p.index)
-        if p.verdict is not None and pending:
-            out.update(dict.fromkeys(pending, p.verdict))
-            pending = []
-    out.update(dict.fromkeys(pending))
+    out: dict[int, str | None] = {p.index: None for p in points if p.role == "candidate"}
+    verdict = {p.index: p.verdict for p in points}
+    for index, runs in _judged(points).items():
+        out.update(dict.fromkeys(runs, verdict[index]))
     return out
+
+
+def _judged(points: Sequence[Point]) -> dict[int, tuple[int, ...]]:
+    return judged_runs((p.index, p.role, p.verdict) for p in points)
 
 
 def _incumbent_steps(points: Sequence[Point]) -> list[tuple[int, float]]:
@@ -151,24 +151,20 @@ def _incumbent_steps(points: Sequence[Point]) -> list[tuple[int, float]]:
     The level is the median of the incumbent's runs so far; a kept candidate's runs
     become the incumbent's after the run that decided the keep.
     """
+    level = {p.index: p.median_tps for p in points if p.median_tps is not None and not p.failed}
+    judged = _judged(points)
     inc: list[float] = []
-    cand: list[float] = []
     steps = []
     for p in points:
         if p.role.startswith("final-"):
             break
-        if p.median_tps is not None and not p.failed:
-            if p.role in ("baseline", "incumbent"):
-                inc.append(p.median_tps)
-            elif p.role == "candidate":
-                cand.append(p.median_tps)
+        if p.role in ("baseline", "incumbent") and p.index in level:
+            inc.append(level[p.index])
         if inc:
             steps.append((p.index, statistics.median(inc)))
         # decided after this run: the kept config is the incumbent from the next trial on
-        if p.verdict == "keep" and cand:
-            inc = cand
-        if p.verdict is not None:
-            cand = []
+        if p.verdict == "keep":
+            inc = [level[i] for i in judged.get(p.index, ()) if i in level] or inc
     return steps
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from app.cli.shared import Api, CliError
+from app.sessions.verdicts import judged_runs
 from optimizer.objective import in_units, objective_kind
 
 
@@ -121,11 +122,11 @@ def _trial_cells(
     gain = f"{in_units(objective, t['gain']) * 100:+.1f}%" if t["gain"] is not None else ""
     med = t["samples"]["median_tps"]
     verdict = t["verdict"] or ("failed" if t["error"] else "")
-    if t["verdict"] in ("keep", "revert") and t["role"] != "candidate":
+    runs = judged_runs((c["index"], c["role"], c["verdict"]) for c in trials).get(t["index"])
+    if runs and runs[-1] != t["index"]:
         # decided on an incumbent re-run (C I I): say which candidate it was about
-        about = [c for c in trials if c["role"] == "candidate" and c["index"] < t["index"]]
-        if about:
-            verdict += f" {about[-1]['knob'] or ''} {about[-1]['value'] or ''}".rstrip()
+        about = next(c for c in trials if c["index"] == runs[-1])
+        verdict += f" {about['knob'] or ''} {about['value'] or ''}".rstrip()
     return [
         str(t["index"]),
         t["knob"] or f"({t['role']})",

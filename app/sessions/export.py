@@ -23,6 +23,7 @@ from app.sessions.service import (
     recommendation_base,
 )
 from app.sessions.summary import headline, resolution_note
+from app.sessions.verdicts import judged_runs
 from app.sweeps.service import sweep_header
 from app.targets.service import get_target
 from optimizer import managed
@@ -170,15 +171,13 @@ def _verdict_rows(
     A verdict decided on an incumbent re-run (C I I: the keep lands on the last I) belongs
     to the candidate before it: that knob was kept, with that gain.
     """
-    rows: list[list[Any]] = []
-    last: int | None = None
-    for t in trials:
-        rows.append([_changed_knobs(t, start), t.verdict, t.gain])
-        if t.role == "candidate":
-            last = len(rows) - 1
-        elif t.verdict in ("keep", "revert") and last is not None:
-            rows[last][1:], rows[-1][1:] = [t.verdict, t.gain], [None, None]
-    return [(k, v, g) for k, v, g in rows]
+    rows: dict[int, list[Any]] = {
+        t.index: [_changed_knobs(t, start), t.verdict, t.gain] for t in trials
+    }
+    for index, runs in judged_runs((t.index, t.role, t.verdict) for t in trials).items():
+        if runs[-1] != index:  # decided on an incumbent re-run
+            rows[runs[-1]][1:], rows[index][1:] = rows[index][1:], [None, None]
+    return [(k, v, g) for k, v, g in rows.values()]
 
 
 def _changed_knobs(t: Trial, start: dict[str, str]) -> str | tuple[str, ...] | None:

@@ -56,6 +56,7 @@ from app.schemas import (
 from app.sessions import apply as apply_svc
 from app.sessions import service as session_svc
 from app.sessions.summary import headline, note_kind, run_value
+from app.sessions.verdicts import judged_runs
 from app.sweeps import service as sweep_svc
 from app.targets import service as target_svc
 from app.targets.holds import holders
@@ -591,16 +592,14 @@ def verdict_rows(trials: list[dict[str, Any]], objective: str) -> list[dict[str,
         }
         for t in trials
     ]
-    last: dict[str, Any] | None = None
-    for row in rows:
-        if row["role"] == "candidate":
-            last = row
-        elif row["verdict"] in ("keep", "revert") and last is not None:
+    by_index = {row["index"]: row for row in rows}
+    for index, runs in judged_runs((t["index"], t["role"], t["verdict"]) for t in trials).items():
+        if runs[-1] != index:  # decided on an incumbent re-run
+            row, last = by_index[index], by_index[runs[-1]]
             last.update(
                 shown_verdict=row["verdict"], shown_gain=row["gain"], shown_p=row["p_value"]
             )
             row.update(shown_verdict=None, shown_gain=None, shown_p=None, decided=last["index"])
-            last = None
     for row in rows:
         if row["shown_gain"] is not None:
             row["shown_gain"] = in_units(objective, row["shown_gain"])
