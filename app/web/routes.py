@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,6 +20,7 @@ from urllib.parse import parse_qsl, quote
 from cachetools import TTLCache
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 from sqlalchemy import select
@@ -209,10 +211,32 @@ async def _form(request: Request) -> dict[str, str]:
     return dict(parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True))
 
 
+class PageRoute(APIRoute):
+    """A dashboard route: a ServiceError it lets through is the error page, with the
+    service's status and message. Here and not in an app-wide handler, so the REST API's
+    routes keep answering it in JSON (app/api/errors.py); a route that shows the error
+    on its own form (the index, a job's page) catches it first."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+
+        async def page_or_error(request: Request) -> Response:
+            try:
+                return await handle(request)
+            except ServiceError as exc:
+                return _page(request, "error.html", {"message": exc.message}, exc.status)
+
+        return page_or_error
+
+
 Form = Annotated[dict[str, str], Depends(_form)]
-router = APIRouter(include_in_schema=False)
-page = APIRouter(include_in_schema=False, dependencies=[Depends(_page_auth)])
-post = APIRouter(include_in_schema=False, dependencies=[Depends(_page_auth), Depends(_same_origin)])
+router = APIRouter(include_in_schema=False, route_class=PageRoute)
+page = APIRouter(include_in_schema=False, route_class=PageRoute, dependencies=[Depends(_page_auth)])
+post = APIRouter(
+    include_in_schema=False,
+    route_class=PageRoute,
+    dependencies=[Depends(_page_auth), Depends(_same_origin)],
+)
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -628,10 +652,7 @@ def _session_page(
     error: str | None = None,
     status: int = 200,
 ) -> HTMLResponse:
-    try:
-        ctx = _session_ctx(db, session_id)
-    except ServiceError as exc:
-        return _page(request, "error.html", {"message": exc.message}, exc.status)
+    ctx = _session_ctx(db, session_id)
     return _page(request, "session.html", {**ctx, "error": error}, status)
 
 
@@ -650,11 +671,7 @@ def session_view(session_id: int, request: Request, db: DB) -> HTMLResponse:
 @page.get("/sessions/{session_id}/results", response_class=HTMLResponse)
 def session_results(session_id: int, request: Request, db: DB) -> HTMLResponse:
     """The chart, config and trial table: the live view swaps it in when a trial completes."""
-    try:
-        ctx = _session_ctx(db, session_id)
-    except ServiceError as exc:
-        return _page(request, "error.html", {"message": exc.message}, exc.status)
-    return _page(request, "_results.html", ctx)
+    return _page(request, "_results.html", _session_ctx(db, session_id))
 
 
 # -- client sweeps (issue 16) ------------------------------------------------------------
@@ -669,11 +686,8 @@ def _latest_sweeps(db: Database) -> dict[int, Sweep]:
 def _sweep_page(
     request: Request, db: Database, sweep_id: int, error: str | None = None, status: int = 200
 ) -> HTMLResponse:
-    try:
-        sw = sweep_svc.get_sweep(db, sweep_id)
-        target = target_svc.get_target(db, sw.target_id)
-    except ServiceError as exc:
-        return _page(request, "error.html", {"message": exc.message}, exc.status)
+    sw = sweep_svc.get_sweep(db, sweep_id)
+    target = target_svc.get_target(db, sw.target_id)
     out = sweep_svc.sweep_out(sw)
     chart = render_sweep_svg(
         out.points, knee=out.knee_clients, title=f"Client sweep {sw.id}: tps and p99 vs clients"
@@ -690,10 +704,7 @@ def sweep_page(sweep_id: int, request: Request, db: DB) -> HTMLResponse:
 @post.post("/targets/{target_id}/sweeps")
 def start_sweep(target_id: int, request: Request, db: DB, sched: Sched) -> Response:
     """A sweep with the defaults (tpcb-like, 1, 2, 4, ... to the cap, 10 s runs twice)."""
-    try:
-        sw = sweep_svc.create_sweep(db, target_id, SweepIn())
-    except ServiceError as exc:
-        return _page(request, "error.html", {"message": exc.message}, exc.status)
+    sw = sweep_svc.create_sweep(db, target_id, SweepIn())
     if sched is not None:
         sched.wake()  # the scheduler claims it now, not at its next poll
     return RedirectResponse(f"/sweeps/{sw.id}", status_code=303)
@@ -712,11 +723,8 @@ def cancel_sweep(sweep_id: int, request: Request, db: DB) -> Response:
 def _comparison_page(
     request: Request, db: Database, comparison_id: int, error: str | None = None, status: int = 200
 ) -> HTMLResponse:
-    try:
-        row = compare_svc.get_comparison(db, comparison_id)
-        target = target_svc.get_target(db, row.target_id)
-    except ServiceError as exc:
-        return _page(request, "error.html", {"message": exc.message}, exc.status)
+    row = compare_svc.get_comparison(db, comparison_id)
+    target = target_svc.get_target(db, row.target_id)
     ctx = {"c": compare_svc.comparison_out(row, target.name), "target": target, "error": error}
     return _page(request, "comparison.html", ctx, status)
 
@@ -773,10 +781,7 @@ def _capture_page(
     form: dict[str, str] | None = None,
     status: int = 200,
 ) -> HTMLResponse:
-    try:
-        cap = capture_svc.get_capture(db, capture_id)
-    except ServiceError as exc:
-        return _page(request, "error.html", {"message": exc.message}, exc.status)
+    cap = capture_svc.get_capture(db, capture_id)
     names = capture_svc.target_names(db)
     ctx = {
         "c": capture_svc.capture_out(cap, names.get(cap.target_id or 0)),
@@ -884,10 +889,7 @@ def _apply_page(
     error: str | None = None,
     status: int = 200,
 ) -> HTMLResponse:
-    try:
-        sess = session_svc.session_out(db, session_svc.get_session(db, session_id), detail=False)
-    except ServiceError as exc:
-        return _page(request, "error.html", {"message": exc.message}, exc.status)
+    sess = session_svc.session_out(db, session_svc.get_session(db, session_id), detail=False)
     ctx = {"s": sess, "res": res, "step": step, "error": error}
     return _page(request, "apply.html", ctx, status)
 
