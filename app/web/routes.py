@@ -239,13 +239,17 @@ post = APIRouter(
 )
 
 
-def _validation_message(exc: ValidationError) -> str:
+def _refused(exc: ValidationError | ServiceError) -> tuple[str, int]:
+    """What a form shows when its request is refused, and the status: the fields the body
+    got wrong (422), or the service's own message and status."""
+    if isinstance(exc, ServiceError):
+        return exc.message, exc.status
     parts = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]).removeprefix("workload.")
         msg = str(err["msg"]).removeprefix("Value error, ")
         parts.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(parts)
+    return "; ".join(parts), 422
 
 
 # -- index: sessions list and the two forms -------------------------------------------
@@ -423,12 +427,9 @@ def _session_request(form: dict[str, str]) -> dict[str, Any]:
 def start_session(request: Request, db: DB, form: Form) -> Response:
     try:
         sess = session_svc.create_session(db, SessionIn.model_validate(_session_request(form)))
-    except ValidationError as exc:
-        return _index(
-            request, db, session_form=form, session_error=_validation_message(exc), status=422
-        )
-    except ServiceError as exc:
-        return _index(request, db, session_form=form, session_error=exc.message, status=exc.status)
+    except (ValidationError, ServiceError) as exc:
+        message, status = _refused(exc)
+        return _index(request, db, session_form=form, session_error=message, status=status)
     return RedirectResponse(f"/sessions/{sess.id}", status_code=303)
 
 
@@ -486,10 +487,8 @@ def register_target(request: Request, db: DB, settings: AppSettings, form: Form)
         body["sandbox"] = profile
     try:
         target = target_svc.create_target(db, settings, TargetIn.model_validate(body))
-    except ValidationError as exc:
-        message = _validation_message(exc)
-    except ServiceError as exc:
-        message = exc.message
+    except (ValidationError, ServiceError) as exc:
+        message, _ = _refused(exc)  # the target form answers 422 whatever the refusal
     except SandboxError as exc:  # not mapped by target_svc.create_target (yet): never a 500 here
         message = f"could not create the sandbox: {exc}"
     else:
@@ -813,16 +812,12 @@ def start_capture(request: Request, db: DB, sched: Sched, form: Form) -> Respons
         body["name"] = _capture_name(target)
     try:
         cap = capture_svc.create_capture(db, CaptureIn.model_validate(body))
-    except ValidationError as exc:
-        message = _validation_message(exc)
-        code = 422
-    except ServiceError as exc:
-        message, code = exc.message, exc.status
-    else:
-        if sched is not None:
-            sched.wake()
-        return RedirectResponse(f"/captures/{cap.id}", status_code=303)
-    return _index(request, db, capture_form=form, capture_error=message, status=code)
+    except (ValidationError, ServiceError) as exc:
+        message, status = _refused(exc)
+        return _index(request, db, capture_form=form, capture_error=message, status=status)
+    if sched is not None:
+        sched.wake()
+    return RedirectResponse(f"/captures/{cap.id}", status_code=303)
 
 
 def _capture_name(target: str) -> str:
@@ -869,13 +864,10 @@ def session_from_capture(capture_id: int, request: Request, db: DB, form: Form) 
         body["knobs"] = knobs
     try:
         sess = session_svc.create_session(db, SessionIn.model_validate(body))
-    except ValidationError as exc:
-        message, code = _validation_message(exc), 422
-    except ServiceError as exc:
-        message, code = exc.message, exc.status
-    else:
-        return RedirectResponse(f"/sessions/{sess.id}", status_code=303)
-    return _capture_page(request, db, capture_id, error=message, form=form, status=code)
+    except (ValidationError, ServiceError) as exc:
+        message, status = _refused(exc)
+        return _capture_page(request, db, capture_id, error=message, form=form, status=status)
+    return RedirectResponse(f"/sessions/{sess.id}", status_code=303)
 
 
 # -- apply a recommendation, roll it back (issue 27) -------------------------------------
@@ -894,61 +886,46 @@ def _apply_page(
     return _page(request, "apply.html", ctx, status)
 
 
+def _apply_step(
+    request: Request, db: Database, session_id: int, body: ApplyIn | RollbackIn
+) -> HTMLResponse:
+    """Apply or roll back, as ``body`` says (a dry run: the review before the button):
+    the result's page, or the step's page again with the service's refusal."""
+    settings = request.app.state.settings
+    step = "apply" if isinstance(body, ApplyIn) else "rollback"
+    try:
+        if isinstance(body, ApplyIn):
+            res = apply_svc.apply_session(db, settings, session_id, body)
+        else:
+            res = apply_svc.rollback_session(db, settings, session_id, body)
+    except ServiceError as exc:
+        return _apply_page(request, db, session_id, step=step, error=exc.message, status=exc.status)
+    if body.dry_run:
+        return _apply_page(request, db, session_id, step=step, res=res)
+    request.app.state.pages.forget(session_id)  # its page lists the applies: not stale
+    return _apply_page(request, db, session_id, step="done", res=res)
+
+
 @page.get("/sessions/{session_id}/apply", response_class=HTMLResponse)
 def apply_review(session_id: int, request: Request, db: DB) -> HTMLResponse:
     """What applying would change on the server (a dry run), and the button to do it."""
-    try:
-        res = apply_svc.apply_session(
-            db, request.app.state.settings, session_id, ApplyIn(dry_run=True)
-        )
-    except ServiceError as exc:
-        return _apply_page(
-            request, db, session_id, step="apply", error=exc.message, status=exc.status
-        )
-    return _apply_page(request, db, session_id, step="apply", res=res)
+    return _apply_step(request, db, session_id, ApplyIn(dry_run=True))
 
 
 @post.post("/sessions/{session_id}/apply")
 def apply_now(session_id: int, request: Request, db: DB, form: Form) -> Response:
     body = ApplyIn(force=form.get("force") == "on", restart=form.get("restart") == "on")
-    try:
-        res = apply_svc.apply_session(db, request.app.state.settings, session_id, body)
-    except ServiceError as exc:
-        return _apply_page(
-            request, db, session_id, step="apply", error=exc.message, status=exc.status
-        )
-    request.app.state.pages.forget(session_id)
-    return _apply_page(request, db, session_id, step="done", res=res)
+    return _apply_step(request, db, session_id, body)
 
 
 @page.get("/sessions/{session_id}/rollback", response_class=HTMLResponse)
 def rollback_review(session_id: int, request: Request, db: DB) -> HTMLResponse:
-    try:
-        res = apply_svc.rollback_session(
-            db, request.app.state.settings, session_id, RollbackIn(dry_run=True)
-        )
-    except ServiceError as exc:
-        return _apply_page(
-            request, db, session_id, step="rollback", error=exc.message, status=exc.status
-        )
-    return _apply_page(request, db, session_id, step="rollback", res=res)
+    return _apply_step(request, db, session_id, RollbackIn(dry_run=True))
 
 
 @post.post("/sessions/{session_id}/rollback")
 def rollback_now(session_id: int, request: Request, db: DB, form: Form) -> Response:
-    try:
-        res = apply_svc.rollback_session(
-            db,
-            request.app.state.settings,
-            session_id,
-            RollbackIn(confirm=form.get("confirm") == "on"),
-        )
-    except ServiceError as exc:
-        return _apply_page(
-            request, db, session_id, step="rollback", error=exc.message, status=exc.status
-        )
-    request.app.state.pages.forget(session_id)
-    return _apply_page(request, db, session_id, step="done", res=res)
+    return _apply_step(request, db, session_id, RollbackIn(confirm=form.get("confirm") == "on"))
 
 
 # -- login (only meaningful when KNOBTUNE_API_TOKEN is set) -----------------------------
