@@ -23,7 +23,6 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
-from sqlalchemy import select
 
 from app.api.csrf import cross_site_refusal
 from app.api.deps import (
@@ -40,7 +39,7 @@ from app.chart import final_label, points_of, readable, render_svg, render_sweep
 from app.compare import service as compare_svc
 from app.db import Database
 from app.errors import ServiceError
-from app.models import ACTIVE_STATUSES, Sweep, Trial
+from app.models import ACTIVE_STATUSES, Sweep
 from app.postgres.cgroups import PROFILES, Limits
 from app.postgres.dsn import mask_dsn
 from app.postgres.sandbox import SandboxError
@@ -57,10 +56,9 @@ from app.schemas import (
 )
 from app.sessions import apply as apply_svc
 from app.sessions import service as session_svc
-from app.sessions.summary import headline, note_kind, run_value
+from app.sessions.summary import headline, note_kind
 from app.sweeps import service as sweep_svc
 from app.targets import service as target_svc
-from app.targets.holds import holders
 from optimizer.catalogue import CATALOGUE
 from optimizer.objective import DEFAULT_OBJECTIVE, chart_axis, in_units, objective_kind
 from optimizer.render import status_label
@@ -333,10 +331,7 @@ def _index(
     status: int = 200,
 ) -> HTMLResponse:
     listed = target_svc.list_targets(db)
-    with db.session() as s:
-        # One narrow query: which target is busy with which session or capture (sweeps:
-        # listed apart).
-        held = holders(s)
+    held = target_svc.held_targets(db)  # sweeps: listed apart
     busy = {tid: h.id for tid, h in held.items() if h.kind == "session"}
     capturing = {tid: h.id for tid, h in held.items() if h.kind == "capture"}
     form = _session_defaults()
@@ -529,7 +524,7 @@ def _session_ctx(db: Database, session_id: int) -> dict[str, Any]:
     objective = objective_kind(sess.request)
     axis, unit = chart_axis(objective)
     if unit != "tps":
-        levels = _levels(db, session_id, sess.request)
+        levels = session_svc.trial_levels(db, session_id, sess.request)
         for t in trials:
             t["level"] = levels.get(t["index"])
     chart = (
@@ -586,15 +581,6 @@ def _session_ctx(db: Database, session_id: int) -> dict[str, Any]:
         and bool(apply_svc.recommended_changes(sess)),
         "can_rollback": any(a.status == "applied" for a in applies),
     }
-
-
-def _levels(db: Database, session_id: int, request: dict[str, Any]) -> dict[int, float | None]:
-    """Each run's level in the objective's unit (ms), from its stored transactions."""
-    with db.session() as s:
-        rows = s.execute(
-            select(Trial.index, Trial.evidence).where(Trial.session_id == session_id)
-        ).all()
-    return {index: run_value(evidence, request) for index, evidence in rows}
 
 
 def verdict_rows(trials: list[dict[str, Any]], objective: str) -> list[dict[str, Any]]:
