@@ -310,6 +310,7 @@ def estimate_text(max_trials: int, duration_s: int) -> str:
 
 
 def _sessions_ctx(db: Database) -> dict[str, Any]:
+    # each row has its target's name, a retired target's too (sessions_out)
     sessions = session_svc.sessions_out(db, session_svc.list_sessions(db, limit=SESSIONS_SHOWN))
     return {
         "sessions": sessions,
@@ -341,8 +342,6 @@ def _index(
         form["target_id"] = request.query_params["target_id"]
     ctx = {
         **_sessions_ctx(db),
-        # Retired targets' sessions stay listed: their names too.
-        "target_names": {t.id: t.name for t in target_svc.list_targets(db, include_retired=True)},
         "targets": [
             {
                 "id": t.id,
@@ -387,8 +386,7 @@ def index(request: Request, db: DB) -> HTMLResponse:
 
 @page.get("/partials/sessions", response_class=HTMLResponse)
 def sessions_partial(request: Request, db: DB) -> HTMLResponse:
-    names = {t.id: t.name for t in target_svc.list_targets(db, include_retired=True)}
-    return _page(request, "_sessions.html", {**_sessions_ctx(db), "target_names": names})
+    return _page(request, "_sessions.html", _sessions_ctx(db))
 
 
 def _session_request(form: dict[str, str]) -> dict[str, Any]:

@@ -98,3 +98,17 @@ def test_the_index_says_which_session_holds_a_target(client: TestClient) -> None
     assert f'<a href="/sessions/{sid}">busy: #{sid}</a>' in page
     assert f'action="/targets/{idle}/delete"' in page  # an idle target may be removed
     assert page.count("busy: #") == 1
+
+
+def test_a_retired_targets_sessions_keep_its_name(client: TestClient) -> None:
+    db: Database = client.app.state.db  # type: ignore[attr-defined]
+    tid, sid = seed(db, "succeeded", "throughput", [])
+    with db.session() as s:
+        target = s.get(Target, tid)
+        assert target is not None
+        target.retired_at = utcnow()
+        name = target.name
+    for path in ("/", "/partials/sessions"):
+        page = client.get(path).text
+        assert f'<a href="/sessions/{sid}">' in page, path
+        assert f"<td>{name}</td>" in page, path
