@@ -3,6 +3,7 @@ API's figures), which target a job holds."""
 
 from __future__ import annotations
 
+import ast
 import itertools
 from collections.abc import Iterator
 from datetime import timedelta
@@ -112,3 +113,17 @@ def test_a_retired_targets_sessions_keep_its_name(client: TestClient) -> None:
         page = client.get(path).text
         assert f'<a href="/sessions/{sid}">' in page, path
         assert f"<td>{name}</td>" in page, path
+
+
+def test_the_dashboard_runs_no_sql_of_its_own() -> None:
+    """It reads through the domain services, like the API (docs/architecture.md)."""
+    web = Path(__file__).resolve().parents[3] / "app" / "web"
+    for path in sorted(web.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                names += [a.name for a in node.names]
+                assert not any(n.split(".")[0] == "sqlalchemy" for n in names), path
+            if isinstance(node, ast.Attribute):
+                assert node.attr != "session", f"{path}:{node.lineno} opens a DB session"
