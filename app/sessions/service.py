@@ -19,7 +19,7 @@ from app.postgres.units import same_value
 from app.preflight import PreflightError, check_workload
 from app.runs.heartbeat import request_cancel
 from app.schemas import Progress, SessionIn, SessionOut, TrialOut
-from app.sessions.summary import headline, outcome, resolution_note, summary
+from app.sessions.summary import headline, outcome, resolution_note, run_value, summary
 from app.targets.holds import server_holder
 from app.targets.recommend import refuse_if_recommend_only
 from app.targets.service import ensure_server_id
@@ -345,6 +345,17 @@ def trial_rows(db: Database, session_id: int) -> list[dict[str, Any]]:
         }
         for row in rows
     ]
+
+
+def trial_levels(db: Database, session_id: int, request: dict[str, Any]) -> dict[int, float | None]:
+    """Each run's level in the objective's unit (ms) by trial index, from its stored
+    transactions (summary.run_value); the dashboard's chart and table. Narrow like
+    trial_rows: the evidence column only."""
+    with db.session() as s:
+        rows = s.execute(
+            select(Trial.index, Trial.evidence).where(Trial.session_id == session_id)
+        ).all()
+    return {index: run_value(evidence, request) for index, evidence in rows}
 
 
 def trial_out(t: Trial) -> TrialOut:

@@ -50,7 +50,7 @@ from app.preflight import CONNECT_TIMEOUT_S
 from app.schemas import SandboxIn, SandboxLimitsOut, TargetIn, TargetOut
 from app.settings import Settings
 from app.targets.access import CONFIGURE, controller_for, legacy_note, restart_note
-from app.targets.holds import busy_error, holder, same_server
+from app.targets.holds import Holder, busy_error, holder, holders, same_server
 from app.targets.location import sandbox_parent
 from app.tuning import rows_to_json
 from optimizer.catalogue import CATALOGUE
@@ -423,6 +423,12 @@ def target_out(db: Database, target: Target, settings: Settings | None = None) -
         ),
         recommend_only=bool(target.recommend_only),
     )
+
+
+def held_targets(db: Database) -> dict[int, Holder]:
+    """Every target a job holds now, and its holder, in one query (the dashboard's list)."""
+    with db.session() as s:
+        return holders(s)
 
 
 def list_targets(db: Database, *, include_retired: bool = False) -> list[Target]:

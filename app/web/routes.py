@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,9 +20,9 @@ from urllib.parse import parse_qsl, quote
 from cachetools import TTLCache
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
-from sqlalchemy import select
 
 from app.api.csrf import cross_site_refusal
 from app.api.deps import (
@@ -38,7 +39,7 @@ from app.chart import final_label, points_of, readable, render_svg, render_sweep
 from app.compare import service as compare_svc
 from app.db import Database
 from app.errors import ServiceError
-from app.models import ACTIVE_STATUSES, Sweep, Trial
+from app.models import ACTIVE_STATUSES, Sweep
 from app.postgres.cgroups import PROFILES, Limits
 from app.postgres.dsn import mask_dsn
 from app.postgres.sandbox import SandboxError
@@ -55,11 +56,10 @@ from app.schemas import (
 )
 from app.sessions import apply as apply_svc
 from app.sessions import service as session_svc
-from app.sessions.summary import headline, note_kind, run_value
+from app.sessions.summary import headline, note_kind
 from app.sessions.verdicts import judged_runs
 from app.sweeps import service as sweep_svc
 from app.targets import service as target_svc
-from app.targets.holds import holders
 from optimizer.catalogue import CATALOGUE
 from optimizer.objective import DEFAULT_OBJECTIVE, chart_axis, in_units, objective_kind
 from optimizer.render import status_label
@@ -210,19 +210,45 @@ async def _form(request: Request) -> dict[str, str]:
     return dict(parse_qsl(raw.decode("utf-8", "replace"), keep_blank_values=True))
 
 
+class PageRoute(APIRoute):
+    """A dashboard route: a ServiceError it lets through is the error page, with the
+    service's status and message. Here and not in an app-wide handler, so the REST API's
+    routes keep answering it in JSON (app/api/errors.py); a route that shows the error
+    on its own form (the index, a job's page) catches it first."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+
+        async def page_or_error(request: Request) -> Response:
+            try:
+                return await handle(request)
+            except ServiceError as exc:
+                return _page(request, "error.html", {"message": exc.message}, exc.status)
+
+        return page_or_error
+
+
 Form = Annotated[dict[str, str], Depends(_form)]
-router = APIRouter(include_in_schema=False)
-page = APIRouter(include_in_schema=False, dependencies=[Depends(_page_auth)])
-post = APIRouter(include_in_schema=False, dependencies=[Depends(_page_auth), Depends(_same_origin)])
+router = APIRouter(include_in_schema=False, route_class=PageRoute)
+page = APIRouter(include_in_schema=False, route_class=PageRoute, dependencies=[Depends(_page_auth)])
+post = APIRouter(
+    include_in_schema=False,
+    route_class=PageRoute,
+    dependencies=[Depends(_page_auth), Depends(_same_origin)],
+)
 
 
-def _validation_message(exc: ValidationError) -> str:
+def _refused(exc: ValidationError | ServiceError) -> tuple[str, int]:
+    """What a form shows when its request is refused, and the status: the fields the body
+    got wrong (422), or the service's own message and status."""
+    if isinstance(exc, ServiceError):
+        return exc.message, exc.status
     parts = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]).removeprefix("workload.")
         msg = str(err["msg"]).removeprefix("Value error, ")
         parts.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(parts)
+    return "; ".join(parts), 422
 
 
 # -- index: sessions list and the two forms -------------------------------------------
@@ -285,6 +311,7 @@ def estimate_text(max_trials: int, duration_s: int) -> str:
 
 
 def _sessions_ctx(db: Database) -> dict[str, Any]:
+    # each row has its target's name, a retired target's too (sessions_out)
     sessions = session_svc.sessions_out(db, session_svc.list_sessions(db, limit=SESSIONS_SHOWN))
     return {
         "sessions": sessions,
@@ -306,10 +333,7 @@ def _index(
     status: int = 200,
 ) -> HTMLResponse:
     listed = target_svc.list_targets(db)
-    with db.session() as s:
-        # One narrow query: which target is busy with which session or capture (sweeps:
-        # listed apart).
-        held = holders(s)
+    held = target_svc.held_targets(db)  # sweeps: listed apart
     busy = {tid: h.id for tid, h in held.items() if h.kind == "session"}
     capturing = {tid: h.id for tid, h in held.items() if h.kind == "capture"}
     form = _session_defaults()
@@ -319,8 +343,6 @@ def _index(
         form["target_id"] = request.query_params["target_id"]
     ctx = {
         **_sessions_ctx(db),
-        # Retired targets' sessions stay listed: their names too.
-        "target_names": {t.id: t.name for t in target_svc.list_targets(db, include_retired=True)},
         "targets": [
             {
                 "id": t.id,
@@ -365,8 +387,7 @@ def index(request: Request, db: DB) -> HTMLResponse:
 
 @page.get("/partials/sessions", response_class=HTMLResponse)
 def sessions_partial(request: Request, db: DB) -> HTMLResponse:
-    names = {t.id: t.name for t in target_svc.list_targets(db, include_retired=True)}
-    return _page(request, "_sessions.html", {**_sessions_ctx(db), "target_names": names})
+    return _page(request, "_sessions.html", _sessions_ctx(db))
 
 
 def _session_request(form: dict[str, str]) -> dict[str, Any]:
@@ -400,12 +421,9 @@ def _session_request(form: dict[str, str]) -> dict[str, Any]:
 def start_session(request: Request, db: DB, form: Form) -> Response:
     try:
         sess = session_svc.create_session(db, SessionIn.model_validate(_session_request(form)))
-    except ValidationError as exc:
-        return _index(
-            request, db, session_form=form, session_error=_validation_message(exc), status=422
-        )
-    except ServiceError as exc:
-        return _index(request, db, session_form=form, session_error=exc.message, status=exc.status)
+    except (ValidationError, ServiceError) as exc:
+        message, status = _refused(exc)
+        return _index(request, db, session_form=form, session_error=message, status=status)
     return RedirectResponse(f"/sessions/{sess.id}", status_code=303)
 
 
@@ -463,10 +481,8 @@ def register_target(request: Request, db: DB, settings: AppSettings, form: Form)
         body["sandbox"] = profile
     try:
         target = target_svc.create_target(db, settings, TargetIn.model_validate(body))
-    except ValidationError as exc:
-        message = _validation_message(exc)
-    except ServiceError as exc:
-        message = exc.message
+    except (ValidationError, ServiceError) as exc:
+        message, _ = _refused(exc)  # the target form answers 422 whatever the refusal
     except SandboxError as exc:  # not mapped by target_svc.create_target (yet): never a 500 here
         message = f"could not create the sandbox: {exc}"
     else:
@@ -507,7 +523,7 @@ def _session_ctx(db: Database, session_id: int) -> dict[str, Any]:
     objective = objective_kind(sess.request)
     axis, unit = chart_axis(objective)
     if unit != "tps":
-        levels = _levels(db, session_id, sess.request)
+        levels = session_svc.trial_levels(db, session_id, sess.request)
         for t in trials:
             t["level"] = levels.get(t["index"])
     chart = (
@@ -566,15 +582,6 @@ def _session_ctx(db: Database, session_id: int) -> dict[str, Any]:
     }
 
 
-def _levels(db: Database, session_id: int, request: dict[str, Any]) -> dict[int, float | None]:
-    """Each run's level in the objective's unit (ms), from its stored transactions."""
-    with db.session() as s:
-        rows = s.execute(
-            select(Trial.index, Trial.evidence).where(Trial.session_id == session_id)
-        ).all()
-    return {index: run_value(evidence, request) for index, evidence in rows}
-
-
 def verdict_rows(trials: list[dict[str, Any]], objective: str) -> list[dict[str, Any]]:
     """The trial table's rows with each verdict on the candidate it judged.
 
@@ -627,10 +634,7 @@ def _session_page(
     error: str | None = None,
     status: int = 200,
 ) -> HTMLResponse:
-    try:
-        ctx = _session_ctx(db, session_id)
-    except ServiceError as exc:
-        return _page(request, "error.html", {"message": exc.message}, exc.status)
+    ctx = _session_ctx(db, session_id)
     return _page(request, "session.html", {**ctx, "error": error}, status)
 
 
@@ -649,11 +653,7 @@ def session_view(session_id: int, request: Request, db: DB) -> HTMLResponse:
 @page.get("/sessions/{session_id}/results", response_class=HTMLResponse)
 def session_results(session_id: int, request: Request, db: DB) -> HTMLResponse:
     """The chart, config and trial table: the live view swaps it in when a trial completes."""
-    try:
-        ctx = _session_ctx(db, session_id)
-    except ServiceError as exc:
-        return _page(request, "error.html", {"message": exc.message}, exc.status)
-    return _page(request, "_results.html", ctx)
+    return _page(request, "_results.html", _session_ctx(db, session_id))
 
 
 # -- client sweeps (issue 16) ------------------------------------------------------------
@@ -668,11 +668,8 @@ def _latest_sweeps(db: Database) -> dict[int, Sweep]:
 def _sweep_page(
     request: Request, db: Database, sweep_id: int, error: str | None = None, status: int = 200
 ) -> HTMLResponse:
-    try:
-        sw = sweep_svc.get_sweep(db, sweep_id)
-        target = target_svc.get_target(db, sw.target_id)
-    except ServiceError as exc:
-        return _page(request, "error.html", {"message": exc.message}, exc.status)
+    sw = sweep_svc.get_sweep(db, sweep_id)
+    target = target_svc.get_target(db, sw.target_id)
     out = sweep_svc.sweep_out(sw)
     chart = render_sweep_svg(
         out.points, knee=out.knee_clients, title=f"Client sweep {sw.id}: tps and p99 vs clients"
@@ -689,10 +686,7 @@ def sweep_page(sweep_id: int, request: Request, db: DB) -> HTMLResponse:
 @post.post("/targets/{target_id}/sweeps")
 def start_sweep(target_id: int, request: Request, db: DB, sched: Sched) -> Response:
     """A sweep with the defaults (tpcb-like, 1, 2, 4, ... to the cap, 10 s runs twice)."""
-    try:
-        sw = sweep_svc.create_sweep(db, target_id, SweepIn())
-    except ServiceError as exc:
-        return _page(request, "error.html", {"message": exc.message}, exc.status)
+    sw = sweep_svc.create_sweep(db, target_id, SweepIn())
     if sched is not None:
         sched.wake()  # the scheduler claims it now, not at its next poll
     return RedirectResponse(f"/sweeps/{sw.id}", status_code=303)
@@ -711,11 +705,8 @@ def cancel_sweep(sweep_id: int, request: Request, db: DB) -> Response:
 def _comparison_page(
     request: Request, db: Database, comparison_id: int, error: str | None = None, status: int = 200
 ) -> HTMLResponse:
-    try:
-        row = compare_svc.get_comparison(db, comparison_id)
-        target = target_svc.get_target(db, row.target_id)
-    except ServiceError as exc:
-        return _page(request, "error.html", {"message": exc.message}, exc.status)
+    row = compare_svc.get_comparison(db, comparison_id)
+    target = target_svc.get_target(db, row.target_id)
     ctx = {"c": compare_svc.comparison_out(row, target.name), "target": target, "error": error}
     return _page(request, "comparison.html", ctx, status)
 
@@ -772,10 +763,7 @@ def _capture_page(
     form: dict[str, str] | None = None,
     status: int = 200,
 ) -> HTMLResponse:
-    try:
-        cap = capture_svc.get_capture(db, capture_id)
-    except ServiceError as exc:
-        return _page(request, "error.html", {"message": exc.message}, exc.status)
+    cap = capture_svc.get_capture(db, capture_id)
     names = capture_svc.target_names(db)
     ctx = {
         "c": capture_svc.capture_out(cap, names.get(cap.target_id or 0)),
@@ -807,16 +795,12 @@ def start_capture(request: Request, db: DB, sched: Sched, form: Form) -> Respons
         body["name"] = _capture_name(target)
     try:
         cap = capture_svc.create_capture(db, CaptureIn.model_validate(body))
-    except ValidationError as exc:
-        message = _validation_message(exc)
-        code = 422
-    except ServiceError as exc:
-        message, code = exc.message, exc.status
-    else:
-        if sched is not None:
-            sched.wake()
-        return RedirectResponse(f"/captures/{cap.id}", status_code=303)
-    return _index(request, db, capture_form=form, capture_error=message, status=code)
+    except (ValidationError, ServiceError) as exc:
+        message, status = _refused(exc)
+        return _index(request, db, capture_form=form, capture_error=message, status=status)
+    if sched is not None:
+        sched.wake()
+    return RedirectResponse(f"/captures/{cap.id}", status_code=303)
 
 
 def _capture_name(target: str) -> str:
@@ -863,13 +847,10 @@ def session_from_capture(capture_id: int, request: Request, db: DB, form: Form) 
         body["knobs"] = knobs
     try:
         sess = session_svc.create_session(db, SessionIn.model_validate(body))
-    except ValidationError as exc:
-        message, code = _validation_message(exc), 422
-    except ServiceError as exc:
-        message, code = exc.message, exc.status
-    else:
-        return RedirectResponse(f"/sessions/{sess.id}", status_code=303)
-    return _capture_page(request, db, capture_id, error=message, form=form, status=code)
+    except (ValidationError, ServiceError) as exc:
+        message, status = _refused(exc)
+        return _capture_page(request, db, capture_id, error=message, form=form, status=status)
+    return RedirectResponse(f"/sessions/{sess.id}", status_code=303)
 
 
 # -- apply a recommendation, roll it back (issue 27) -------------------------------------
@@ -883,69 +864,51 @@ def _apply_page(
     error: str | None = None,
     status: int = 200,
 ) -> HTMLResponse:
-    try:
-        sess = session_svc.session_out(db, session_svc.get_session(db, session_id), detail=False)
-    except ServiceError as exc:
-        return _page(request, "error.html", {"message": exc.message}, exc.status)
+    sess = session_svc.session_out(db, session_svc.get_session(db, session_id), detail=False)
     ctx = {"s": sess, "res": res, "step": step, "error": error}
     return _page(request, "apply.html", ctx, status)
+
+
+def _apply_step(
+    request: Request, db: Database, session_id: int, body: ApplyIn | RollbackIn
+) -> HTMLResponse:
+    """Apply or roll back, as ``body`` says (a dry run: the review before the button):
+    the result's page, or the step's page again with the service's refusal."""
+    settings = request.app.state.settings
+    step = "apply" if isinstance(body, ApplyIn) else "rollback"
+    try:
+        if isinstance(body, ApplyIn):
+            res = apply_svc.apply_session(db, settings, session_id, body)
+        else:
+            res = apply_svc.rollback_session(db, settings, session_id, body)
+    except ServiceError as exc:
+        return _apply_page(request, db, session_id, step=step, error=exc.message, status=exc.status)
+    if body.dry_run:
+        return _apply_page(request, db, session_id, step=step, res=res)
+    request.app.state.pages.forget(session_id)  # its page lists the applies: not stale
+    return _apply_page(request, db, session_id, step="done", res=res)
 
 
 @page.get("/sessions/{session_id}/apply", response_class=HTMLResponse)
 def apply_review(session_id: int, request: Request, db: DB) -> HTMLResponse:
     """What applying would change on the server (a dry run), and the button to do it."""
-    try:
-        res = apply_svc.apply_session(
-            db, request.app.state.settings, session_id, ApplyIn(dry_run=True)
-        )
-    except ServiceError as exc:
-        return _apply_page(
-            request, db, session_id, step="apply", error=exc.message, status=exc.status
-        )
-    return _apply_page(request, db, session_id, step="apply", res=res)
+    return _apply_step(request, db, session_id, ApplyIn(dry_run=True))
 
 
 @post.post("/sessions/{session_id}/apply")
 def apply_now(session_id: int, request: Request, db: DB, form: Form) -> Response:
     body = ApplyIn(force=form.get("force") == "on", restart=form.get("restart") == "on")
-    try:
-        res = apply_svc.apply_session(db, request.app.state.settings, session_id, body)
-    except ServiceError as exc:
-        return _apply_page(
-            request, db, session_id, step="apply", error=exc.message, status=exc.status
-        )
-    request.app.state.pages.forget(session_id)
-    return _apply_page(request, db, session_id, step="done", res=res)
+    return _apply_step(request, db, session_id, body)
 
 
 @page.get("/sessions/{session_id}/rollback", response_class=HTMLResponse)
 def rollback_review(session_id: int, request: Request, db: DB) -> HTMLResponse:
-    try:
-        res = apply_svc.rollback_session(
-            db, request.app.state.settings, session_id, RollbackIn(dry_run=True)
-        )
-    except ServiceError as exc:
-        return _apply_page(
-            request, db, session_id, step="rollback", error=exc.message, status=exc.status
-        )
-    return _apply_page(request, db, session_id, step="rollback", res=res)
+    return _apply_step(request, db, session_id, RollbackIn(dry_run=True))
 
 
 @post.post("/sessions/{session_id}/rollback")
 def rollback_now(session_id: int, request: Request, db: DB, form: Form) -> Response:
-    try:
-        res = apply_svc.rollback_session(
-            db,
-            request.app.state.settings,
-            session_id,
-            RollbackIn(confirm=form.get("confirm") == "on"),
-        )
-    except ServiceError as exc:
-        return _apply_page(
-            request, db, session_id, step="rollback", error=exc.message, status=exc.status
-        )
-    request.app.state.pages.forget(session_id)
-    return _apply_page(request, db, session_id, step="done", res=res)
+    return _apply_step(request, db, session_id, RollbackIn(confirm=form.get("confirm") == "on"))
 
 
 # -- login (only meaningful when KNOBTUNE_API_TOKEN is set) -----------------------------
