@@ -3,26 +3,12 @@ message; under /api it stays JSON with the REST hint (app/api/errors.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from app.db import utcnow
-from app.main import create_app
 from app.models import Target
-from app.settings import Settings
-
-
-@pytest.fixture
-def client(tmp_path: Path) -> Iterator[TestClient]:
-    settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'm.db'}", work_dir=tmp_path, run_scheduler=False
-    )
-    with TestClient(create_app(settings), follow_redirects=False) as c:
-        yield c
 
 
 def error_page(r: httpx.Response, status: int, message: str) -> None:

@@ -5,30 +5,17 @@ is the error page (tests/app/web/test_errors.py)."""
 from __future__ import annotations
 
 import html
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from app.db import Database, utcnow
-from app.main import create_app
 from app.models import Sweep, Target, TuningSession
 from app.schemas import SweepIn
-from app.settings import Settings
 
 FORM = {"content-type": "application/x-www-form-urlencoded"}
-
-
-@pytest.fixture
-def client(tmp_path: Path) -> Iterator[TestClient]:
-    settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'm.db'}", work_dir=tmp_path, run_scheduler=False
-    )
-    with TestClient(create_app(settings), follow_redirects=False) as c:
-        yield c
 
 
 def db_of(client: TestClient) -> Database:

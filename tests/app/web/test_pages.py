@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import itertools
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -13,22 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.db import Database, utcnow
-from app.main import create_app
 from app.models import Target, Trial, TuningSession
 from app.sessions import service as session_svc
-from app.settings import Settings
 from optimizer.evidence import ScriptStat, StreamStat
 
 NAMES = itertools.count(1)
-
-
-@pytest.fixture
-def client(tmp_path: Path) -> Iterator[TestClient]:
-    settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'm.db'}", work_dir=tmp_path, run_scheduler=False
-    )
-    with TestClient(create_app(settings), follow_redirects=False) as c:
-        yield c
 
 
 def seed(db: Database, status: str, objective: str, means_ms: list[float]) -> tuple[int, int]:
