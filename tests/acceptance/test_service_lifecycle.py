@@ -32,7 +32,7 @@ def _session(api: httpx.Client, target_id: int, **extra: Any) -> int:
     body = {
         "target_id": target_id,
         "knobs": ["work_mem"],
-        "max_trials": 6,
+        "max_trials": 5,
         "final_check_runs": 0,
         "workload": QUICK,
     }

@@ -83,7 +83,7 @@ def test_the_survivor_finishes_a_killed_process_s_session_and_restores_the_targe
         body = {
             "target_id": r.json()["id"],
             "knobs": ["work_mem"],
-            "max_trials": 6,
+            "max_trials": 5,
             "final_check_runs": 0,
             "seed": 3,
             "workload": QUICK,
