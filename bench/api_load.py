@@ -141,6 +141,15 @@ def main() -> int:
             lat, errors = asyncio.run(load(url, paths, args.clients, args.seconds, args.interval))
             state = api.get(f"/api/v1/sessions/{sid}").json()
             api.post(f"/api/v1/sessions/{sid}/cancel")
+            # the cancel lands (settings restored) before the service is stopped: a SIGTERM
+            # during the restore hung the service until ServiceProcess.stop's SIGKILL, 30 s
+            # later (the shutdown put back the default connection policy first, which then
+            # refused the restore's connection to the sandbox's socket)
+            deadline = time.monotonic() + 60
+            while api.get(f"/api/v1/sessions/{sid}").json()["status"] in ("queued", "running"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"session {sid} did not end within 60 s of its cancel")
+                time.sleep(0.2)
         finally:
             service.stop()
     result: dict[str, Any] = {

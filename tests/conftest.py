@@ -35,35 +35,37 @@ from app.settings import Settings
 SandboxFactory = Callable[..., Sandbox]
 
 # The slowest modules first, longest first: a worker that picked one up late would
-# otherwise run alone at the end. Each one's time run alone (-n 0) on 2026-11-28, after
-# issue 41, while other suites loaded the 2-core host (load average 3-11); on a full run
-# with four workers they take about twice as long. pyproject.toml's --no-loadscope-reorder
-# keeps this order: by default pytest-xdist hands out the modules with the most tests first
-# (the optimizer's), whatever the collection's order.
+# otherwise run alone at the end. Each one's time run alone (-n 0, pinned to one CPU that
+# other suites shared) on 2026-11-29; on a full run with four workers they take about twice
+# as long. pyproject.toml's --no-loadscope-reorder keeps this order: by default
+# pytest-xdist hands out the modules with the most tests first (the optimizer's),
+# whatever the collection's order.
 _SLOW_FIRST = (
-    "tests/docs/test_results_captures.py",  # 170 s (the replay fidelity run: 150 s)
-    "tests/app/sweeps/test_sweep.py",  # 162 s
-    "tests/acceptance/test_service_lifecycle.py",  # 145 s
-    "tests/docs/test_fresh_copy.py",  # 210 s on a full run (2026-11-27; needs a git clone)
-    "tests/docs/test_results_commands.py",  # 146 s before its sweep's runs were halved
-    "tests/e2e/test_faults.py",  # 108 s
-    "tests/app/sessions/test_builtin_sessions.py",  # 99 s
-    "tests/docs/test_results_search_order.py",  # 91 s
-    "tests/docs/test_results_quality.py",  # 89 s
-    "tests/docs/test_cli_commands.py",  # 84 s
-    "tests/docs/test_cli_sessions.py",  # 78 s
-    "tests/app/api/test_security.py",  # 78 s
-    "tests/app/runs/test_guards.py",  # 75 s
-    "tests/docs/test_captures.py",  # 74 s
-    "tests/acceptance/test_readme.py",  # 74 s
-    "tests/docs/test_readme_steps.py",  # 72 s
-    "tests/security/test_restart.py",  # 65 s
-    "tests/docs/test_results_duet.py",  # 62 s (2026-11-28, capped to 1 CPU)
-    "tests/e2e/test_dashboard.py",  # 60 s
-    "tests/app/api/test_service_api.py",  # 56 s
-    "tests/docs/test_results_steady.py",  # 54 s
-    "tests/acceptance/test_cli_user.py",  # 51 s
-    "tests/e2e/test_cli.py",  # 42 s
+    "tests/docs/test_results_captures.py",  # 178 s (the replay fidelity run: 150 s)
+    "tests/app/sweeps/test_sweep.py",  # 137 s
+    "tests/docs/test_results_search_order.py",  # 137 s
+    "tests/docs/test_fresh_copy.py",  # 65-70 s alone, 210 s on a full run (an install)
+    "tests/docs/test_results_commands.py",  # 91-103 s
+    "tests/acceptance/test_service_lifecycle.py",  # 90 s
+    "tests/e2e/test_faults.py",  # 89 s
+    "tests/docs/test_results_duet.py",  # 78 s
+    "tests/acceptance/test_readme.py",  # 73 s
+    "tests/docs/test_cli_commands.py",  # 58-60 s
+    "tests/docs/test_captures.py",  # 59 s
+    "tests/app/runs/test_memory_measured.py",  # 56-58 s
+    "tests/app/sessions/test_builtin_sessions.py",  # 55 s
+    "tests/docs/test_cli_sessions.py",  # 55 s
+    "tests/security/test_restart.py",  # 54-56 s
+    "tests/app/runs/test_guards.py",  # 52 s
+    "tests/docs/test_readme_steps.py",  # 52 s
+    "tests/e2e/test_dashboard.py",  # 51 s
+    "tests/docs/test_results_quality.py",  # 44 s
+    "tests/app/api/test_security.py",  # 40 s
+    "tests/app/api/test_service_api.py",  # 40 s
+    "tests/acceptance/test_cli_user.py",  # 36 s
+    "tests/acceptance/test_two_processes.py",  # 34-35 s
+    "tests/docs/test_results_steady.py",  # 30 s
+    "tests/e2e/test_cli.py",  # 24 s
 )
 
 

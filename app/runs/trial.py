@@ -408,9 +408,25 @@ class TrialExecutor:
             self._mem_limit = reading.limit_bytes
             limit = min(reading.limit_bytes, self.ram_bytes or reading.limit_bytes)
             self._mem_peak[key] = reading.use.peak(self._mem_peak.get(key))
-            return MemoryWatch(limit).observe(reading.use) if live else None
+            why = MemoryWatch(limit).observe(reading.use) if live else None
+            if why is not None and self.app_name:
+                # A backend in a long statement does not notice pgbench going away, and goes
+                # on allocating: ended now, not after pgbench's teardown and the log's
+                # parsing (on a loaded host that took longer than the 10% left, and the
+                # OOM killer ended it first: a crash restart of the whole server).
+                # A thread: the progress reader must not wait on the target.
+                threading.Thread(
+                    target=self._end_clients, name="memory-guard-stop", daemon=True
+                ).start()
+            return why
 
         return check
+
+    def _end_clients(self) -> None:
+        """The run's backends ended (the live memory guard's stop); errors are not the
+        run's: the trial's own stop ends them again."""
+        with contextlib.suppress(Exception):
+            self.target.terminate_clients(self.app_name or "")
 
     def remember(self, config: Mapping[str, str], samples: Sequence[Any], failed: int) -> None:
         """A successful run of ``config``: the performance guard's reference level."""

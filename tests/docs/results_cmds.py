@@ -9,7 +9,6 @@ import argparse
 import contextlib
 import importlib
 import io
-import json
 import re
 import shlex
 import subprocess
@@ -19,7 +18,6 @@ from typing import Any
 from unittest import mock
 
 from bench import e2e
-from tests.docs.blocks import command
 from tests.helpers import ROOT
 
 BIN = Path(sys.executable).parent
@@ -72,16 +70,6 @@ E2E_SMALL = {
     "confirm_duration": "2",
     "confirm_warmup": "1",
 }
-
-
-def run_e2e(name: str, out: str, tmp: Path, **options: str) -> dict[str, Any]:
-    """One docs/results/ bench/e2e.py command, small; its JSON names the workloads.
-    ``options``: more of them set small (e.g. one of the command's workloads), or set
-    otherwise than E2E_SMALL does."""
-    run(small(command(name), tmp, **{**E2E_SMALL, **options}), timeout=900)
-    doc: dict[str, Any] = json.loads((tmp / out).read_text())
-    assert doc["workloads"], name
-    return doc
 
 
 class _Parsed(BaseException):

@@ -59,7 +59,7 @@ def test_sweep_cli(user_dir: Path, staging: Sandbox) -> None:
     small = replace(
         command("sweep-cli"),
         "--builtin select-only",
-        "--builtin select-only --clients 1,2 --duration 3 --warmup 1 --scale 1 --no-connect-cost",
+        "--builtin select-only --clients 1,2 --duration 2 --warmup 1 --scale 1 --no-connect-cost",
     )
     res = bash(small, user_dir, 300)
     assert res.returncode == 0, res.stderr[-3000:]

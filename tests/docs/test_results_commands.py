@@ -20,10 +20,20 @@ from tests.helpers import ROOT
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_results_sweep(tmp_path: Path) -> None:
+    """The page's command on one workload, two counts, up and down (2 repeats: the least a
+    sweep takes), 2 s runs: the script's path (the service's own measure(), the chart, the
+    JSON) runs once per workload alike, and tests/app/sweeps/test_sweep.py measures both
+    workloads through the service."""
     block = command("results-sweep")
-    # both workloads, two counts, up and down (2 repeats: the least a sweep takes), 2 s runs
-    run(small(block, tmp_path, clients="1,2", duration="2", warmup="1", scale="1"))
-    assert json.loads((tmp_path / "sweep.json").read_text())
+    options = {"workloads": "select-only", "clients": "1,2", "duration": "2", "warmup": "1"}
+    run(small(block, tmp_path, **options, scale="1"))
+    doc = json.loads((tmp_path / "sweep.json").read_text())
+    (res,) = doc["workloads"].values()
+    assert [p["clients"] for p in res["points"]] == [1, 2]
+    assert [r["clients"] for r in res["runs"]] == [1, 2, 2, 1]  # up, then down
+    assert res["knee_clients"] in (1, 2)
+    assert res["advice"]
+    assert (tmp_path / "sweep-select-only.svg").read_text().startswith("<svg")
 
 
 @pytest.mark.slow
@@ -40,8 +50,17 @@ def test_results_long_queries(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_results_api_load(tmp_path: Path) -> None:
+    """Pollers on both pages while a session runs; the service answers every request (what
+    latency it took on this loaded host is the page's full-size run's to say)."""
     run(small(command("results-api-load"), tmp_path, clients="5", seconds="3"))
-    assert json.loads((tmp_path / "api_load.json").read_text())
+    doc = json.loads((tmp_path / "api_load.json").read_text())
+    assert doc["session_status_during_load"] == "running"
+    assert doc["trials_during_load"] >= 2
+    assert set(doc["endpoints"]) == {"/api/v1/sessions/{id}", "/sessions/{id}"}
+    for name, figures in doc["endpoints"].items():
+        assert figures["requests"] > 0, (name, figures)
+        assert figures["errors"] == 0, (name, figures)
+        assert 0 < figures["p50_ms"] <= figures["p99_ms"] <= figures["max_ms"], (name, figures)
 
 
 def test_results_operations() -> None:

@@ -52,7 +52,7 @@ def _started(dsn: str) -> object:
 
 RESTART_SESSION = {
     "knobs": ["shared_buffers", "work_mem"],
-    "max_trials": 6,
+    "max_trials": 5,
     "final_check_runs": 0,
     "hints": False,
     "workload": QUICK,

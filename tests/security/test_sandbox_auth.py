@@ -131,7 +131,7 @@ def test_a_sandbox_session_runs_as_the_benchmark_role() -> None:
                 json={
                     "target_id": tid,
                     "knobs": ["work_mem"],
-                    "max_trials": 6,
+                    "max_trials": 5,
                     "final_check_runs": 0,
                     "workload": {
                         "builtin": "tpcb-like",

@@ -28,11 +28,12 @@ def register(client: TestClient, sandbox_factory: SandboxFactory, name: str) -> 
 def tune(
     client: TestClient, target: int, workload: dict[str, Any], **fields: Any
 ) -> dict[str, Any]:
-    """A short session on ``workload`` (work_mem only, 4 s runs), run to its end."""
+    """A short session on ``workload`` (work_mem only, 3 s runs, 2 s measured), run to its
+    end."""
     body = {
         "target_id": target,
         "knobs": ["work_mem"],
-        "workload": {**workload, "duration_s": 4, "warmup_s": 1},
+        "workload": {**workload, "duration_s": 3, "warmup_s": 1},
         "max_trials": 7,
         "final_check_runs": 2,
         "seed": 1,
