@@ -89,6 +89,7 @@ COMMANDS: dict[str, str] = {
     "results-tpcb-b2-micro": _PARSE,
     "results-tpcb-d1-disk": _PARSE,
     "results-tpcb-d1-steady": _STEADY,
+    "results-duet": "tests/docs/test_results_duet.py::test_the_duet_command_runs",
     "results-search-order": _ORDER,  # bench/e2e.py's small run too
     "results-search-order-analytic": _ORDER,  # where the host has no cgroups
     "results-sweep": f"{_RESULTS}::test_results_sweep",

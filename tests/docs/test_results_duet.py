@@ -10,14 +10,9 @@ from pathlib import Path
 import pytest
 
 from app.postgres.cgroups import CGROUP_ROOT
+from tests.docs.blocks import command
 from tests.docs.results_cmds import run, small
 from tests.helpers import needs_cgroups
-
-# the full-size command (bench/duet.py's docstring), run with --small
-COMMAND = (
-    ".venv/bin/python bench/duet.py --profile small --pairs 8 --run-s 30 --warmup-s 5 "
-    "--effect-pairs 1 --out bench/results/duet-small.json"
-)
 
 
 @needs_cgroups
@@ -26,7 +21,7 @@ COMMAND = (
 def test_the_duet_command_runs(tmp_path: Path) -> None:
     """About 60 s: copy 2 a file copy of copy 1, each in its own cgroup with the profile's
     limits; every pair measured; the summary and the sd ratio against the 3x rule."""
-    run(small(COMMAND, tmp_path, small=None), timeout=280)
+    run(small(command("results-duet"), tmp_path, small=None), timeout=280)
     doc = json.loads((tmp_path / "bench/results/duet-small.json").read_text())
     assert doc["complete"]
     assert "error" not in doc

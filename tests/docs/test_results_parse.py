@@ -64,6 +64,8 @@ def _configs(text: str) -> dict[str, dict[str, str]]:
         "results-search-quality",
         "results-neighbour",
         "results-faults",
+        # bench/duet.py (test_results_duet.py runs it small)
+        "results-duet",
     ],
 )
 def test_the_command_parses(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
