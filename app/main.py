@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import math
@@ -248,7 +249,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             if app.state.scheduler is not None:
-                app.state.scheduler.shutdown()
+                # Its runners put their targets back first: a sandbox or the connection
+                # policy must not go while a runner still restores through it.
+                await asyncio.to_thread(app.state.scheduler.shutdown, settings.shutdown_grace_s)
                 # Managed sandboxes live with the service: started again at its next start.
                 stop_sandboxes(db, settings)
             drop_empty_fallback(settings)

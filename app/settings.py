@@ -45,6 +45,13 @@ class Settings(BaseSettings):
     poll_seconds: float = Field(
         default=2.0, gt=0, description="How often the claim loop looks for work."
     )
+    shutdown_grace_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="On SIGTERM, how long the service waits for its running work to stop and "
+        "put each target's settings back (a restart of the target may be part of it) before "
+        "it stops its sandboxes; the work resumes at the next start.",
+    )
     work_dir: Path = Field(
         default=Path(".knobtune"), description="pgbench scripts and logs, managed sandboxes."
     )

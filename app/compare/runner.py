@@ -41,7 +41,7 @@ from app.postgres.benchlock import lock_for
 from app.postgres.cgroups import smaller
 from app.postgres.dsn import scrub
 from app.postgres.target import Snapshot, TargetController, TargetError
-from app.runs.heartbeat import Cancelled, Heartbeat, LeaseLost, write_leased
+from app.runs.heartbeat import Cancelled, Heartbeat, LeaseLost, ShuttingDown, write_leased
 from app.runs.recovery import TargetRecovery
 from app.runs.trial import TrialExecutor, TrialHooks, TrialOutcome
 from app.schemas import errors_text
@@ -207,6 +207,8 @@ class ComparisonRunner:
                     restarting=bool(applied.get("restarting")),
                     resumed=resumed,
                 )
+            except ShuttingDown:
+                self.recovery.pause(self.snapshot)
             except LeaseLost:
                 log.warning("comparison %s: lease lost; another process owns it now", self.id)
 

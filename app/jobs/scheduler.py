@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -39,6 +40,7 @@ from app.errors import ServiceError
 from app.models import ACTIVE_STATUSES, Capture, Comparison, Schedule, Sweep, TuningSession
 from app.runs.capture import CaptureRunner
 from app.runs.crashes import session_crashed
+from app.runs.heartbeat import forget_owner, stop_owned
 from app.runs.session import RunEnv, SessionRunner
 from app.runs.sweep import SweepRunner
 from app.schemas import SessionIn, errors_text
@@ -99,12 +101,41 @@ class Scheduler:
         )
         self.scheduler.start()
 
-    def shutdown(self) -> None:
+    def shutdown(self, grace_s: float = 0.0) -> None:
+        """Stop claiming, stop every runner of this process and wait up to ``grace_s`` for
+        them: each puts its target back (app/runs/recovery.py, ``pause``). Then the leases
+        of the work that stopped are released, so the next start (or another process)
+        resumes it at once instead of after the lease runs out. A runner still busy after
+        the grace keeps its lease; it expires as after a crash."""
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        stop_owned(self.owner)
+        deadline = time.monotonic() + grace_s
+        while self._held() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        stuck = self._held()
+        if stuck:
+            log.warning("still running after %.0f s of grace: %s", grace_s, sorted(stuck))
+        with contextlib.suppress(Exception), self.db.session() as s:  # the DB may be away
+            for kind, m in _MODELS.items():
+                ids = [i for k, i in stuck if k == kind]
+                s.execute(
+                    update(m)
+                    .where(
+                        m.lease_owner == self.owner,
+                        m.status.in_(ACTIVE_STATUSES),
+                        m.id.not_in(ids),
+                    )
+                    .values(lease_owner=None, lease_expires_at=None)
+                )
+        forget_owner(self.owner)
         if self._leader_conn is not None:
             self._leader_conn.close()
             self._leader_conn = None
+
+    def _held(self) -> set[tuple[Kind, int]]:
+        with self._lock:
+            return set(self._running)
 
     def running(self) -> set[int]:
         """The sessions this process is driving."""

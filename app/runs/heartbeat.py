@@ -36,6 +36,33 @@ class LeaseLost(Exception):
     """Another process took the work over: stop without touching the target."""
 
 
+class ShuttingDown(LeaseLost):
+    """This process is stopping (SIGTERM): stop now and put the target back; the lease is
+    released, so the next start (or another process) resumes the work."""
+
+
+# owners (Settings.instance_id) whose process is stopping, and the heartbeats running now
+_STOPPING: set[str] = set()
+_LIVE: set[Heartbeat] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def stop_owned(owner: str) -> None:
+    """Tell every runner of ``owner`` to stop at once (app shutdown): the running ones and
+    any that start from now on."""
+    with _LIVE_LOCK:
+        _STOPPING.add(owner)
+        live = [hb for hb in _LIVE if hb.owner == owner]
+    for hb in live:
+        hb.stop()
+
+
+def forget_owner(owner: str) -> None:
+    """The stopped scheduler is gone: a later app with this id (tests) starts clean."""
+    with _LIVE_LOCK:
+        _STOPPING.discard(owner)
+
+
 Leased = type[TuningSession] | type[Sweep] | type[Capture] | type[Comparison]
 
 
@@ -95,19 +122,34 @@ class Heartbeat:
         self.live: deque[float] = deque(maxlen=LIVE_SAMPLES)
         self.cancel = threading.Event()  # user asked to cancel
         self.lost = threading.Event()  # lease taken by another process
-        self.stop_bench = threading.Event()  # either of the above: stop pgbench now
+        self.stop_bench = threading.Event()  # any of these: stop pgbench now
+        self.stopping = threading.Event()  # this process is shutting down
         self._done = threading.Event()
         self._thread = threading.Thread(
             target=self._loop, name=f"heartbeat-{self.what.replace(' ', '-')}", daemon=True
         )
 
     def __enter__(self) -> Heartbeat:
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+            stopping = self.owner in _STOPPING
+        if stopping:
+            self.stop()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
         self._done.set()
         self._thread.join(timeout=10)
+
+    def stop(self) -> None:
+        """The process is stopping: the work ends as on a lost lease (every runner already
+        stops on ``lost``), and ``check`` says why."""
+        self.stopping.set()
+        self.lost.set()
+        self.stop_bench.set()
 
     def sample(self, _t: float, tps: float) -> None:
         self.live.append(tps)
@@ -146,7 +188,9 @@ class Heartbeat:
             self.stop_bench.set()
 
     def check(self) -> None:
-        """Raise LeaseLost or Cancelled once the heartbeat has seen either."""
+        """Raise ShuttingDown, LeaseLost or Cancelled once the heartbeat has seen one."""
+        if self.stopping.is_set():
+            raise ShuttingDown
         if self.lost.is_set():
             raise LeaseLost
         if self.cancel.is_set():

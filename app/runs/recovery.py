@@ -13,6 +13,7 @@
   (``RESTORE_WAIT_S``) while the session keeps the target busy, and the pending outcome
   is recorded so that a process resuming the session only restores.
 * The metadata DB is gone (:meth:`abandon`): revert without recording anything.
+* The service is stopping (:meth:`pause`): revert, say so; the next start resumes.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from app.postgres.target import (
     Snapshot,
     TargetError,
 )
-from app.runs.heartbeat import Heartbeat, LeaseLost
+from app.runs.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +243,7 @@ class TargetRecovery:
                         applied={"restore_pending": True, "status": status, "error": error},
                     )
             if self.hb.lost.wait(delay):
-                raise LeaseLost
+                self.hb.check()  # ShuttingDown or LeaseLost: the pending restore is recorded
             delay = min(delay * 2, 30.0)
 
     def abandon(self, snapshot: Snapshot | None, why: str) -> None:
@@ -258,3 +259,14 @@ class TargetRecovery:
             self.target.revert(snapshot)
         except Exception:
             log.exception("%s: restoring the target failed", self.hb.what)
+
+    def pause(self, snapshot: Snapshot | None) -> None:
+        """The service is stopping (SIGTERM): put the target back and step back.
+
+        The work stays 'running' and the scheduler releases its lease once this returns,
+        so the next start (or another process) resumes it at once, replaying the stored
+        runs. A restore the stop cut short was recorded as pending: the resume finishes it.
+        """
+        self.abandon(snapshot, "the service is stopping")
+        with contextlib.suppress(Exception):  # the metadata DB may be what went away
+            self.store.phase("paused: the service stopped; its next start resumes here")

@@ -69,7 +69,7 @@ from app.postgres.dsn import scrub
 from app.postgres.roles import WorkloadRoleError, cannot_check, check_workload_role
 from app.postgres.target import PoolFill, Snapshot, TargetError
 from app.runs.crashes import CRASH_NOTE
-from app.runs.heartbeat import Cancelled, Heartbeat, LeaseLost
+from app.runs.heartbeat import Cancelled, Heartbeat, LeaseLost, ShuttingDown
 from app.runs.recovery import SessionTarget, TargetRecovery
 from app.runs.store import MetadataUnavailable, SessionStore
 from app.runs.trial import TrialExecutor, TrialHooks, TrialOutcome
@@ -339,6 +339,8 @@ class SessionRunner:
                     )
                 else:
                     self._drive(ctl, loaded.body)
+            except ShuttingDown:
+                self.recovery.pause(self.snapshot)
             except LeaseLost:
                 log.warning("session %s: lease lost; another process owns it now", self.session_id)
             except MetadataUnavailable as exc:

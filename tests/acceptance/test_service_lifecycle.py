@@ -58,11 +58,40 @@ def stored_dsn(user_dir: Path, target_id: int) -> str:
     return vault.decrypt(value)
 
 
-def test_a_sandbox_target_survives_a_restart_and_a_sigkill_mid_benchmark(user_dir: Path) -> None:
-    """One service and one sandbox target through both: a session, a clean restart
-    (SIGTERM), then a session killed mid-benchmark (SIGKILL) that the next start resumes
-    and finishes. (Two tests of their own each made the service, the sandbox and its data
-    again, and ran a session more.)"""
+def _kill_mid_benchmark(api: httpx.Client, sid: int) -> dict[str, Any]:
+    """Wait until the session's second or a later trial's benchmark produces samples."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        s = api.get(f"/api/v1/sessions/{sid}").json()
+        if s["status"] in ("succeeded", "failed", "cancelled") or (
+            s["progress"]["trials_done"] >= 2
+            and s["live_tps"]
+            and s["phase"].startswith(("measuring", "re-"))
+        ):
+            break
+        time.sleep(0.3)
+    assert s["status"] == "running", s
+    return s  # type: ignore[no-any-return]
+
+
+def _auto_conf(user_dir: Path) -> str:
+    """The sandbox's postgresql.auto.conf, read from disk (the sandbox is down)."""
+    [path] = (user_dir / ".knobtune" / "sandboxes").glob("*/**/postgresql.auto.conf")
+    return path.read_text()
+
+
+def _session_row(user_dir: Path, sid: int) -> tuple[Any, ...]:
+    with sqlite3.connect(user_dir / "knobtune.db") as conn:
+        [row] = conn.execute("SELECT status, lease_owner, phase FROM sessions WHERE id = ?", (sid,))
+    return tuple(row)
+
+
+def test_a_sandbox_target_survives_a_sigterm_and_a_sigkill_mid_benchmark(user_dir: Path) -> None:
+    """One service and one sandbox target through both: a session stopped mid-benchmark
+    (SIGTERM, as Ctrl-C or systemd stop) puts the target back before the service ends and
+    resumes at the next start; a session killed mid-benchmark (SIGKILL) is resumed and
+    finished by the next start. (Two tests of their own each made the service, the sandbox
+    and its data again, and ran a session more.)"""
     svc = UserService(user_dir)
     svc.start()
     try:
@@ -72,31 +101,34 @@ def test_a_sandbox_target_survives_a_restart_and_a_sigkill_mid_benchmark(user_di
         tid = r.json()["id"]
         dsn = stored_dsn(user_dir, tid)  # the API shows it with the password masked
         before = file_settings(dsn)
-        first = wait_session(api, _session(api, tid), {"succeeded", "failed", "cancelled"})
-        assert first["status"] == "succeeded", first
-        assert file_settings(dsn) == before  # restored at the end
+        auto_before = _auto_conf(user_dir)
 
-        svc.stop()  # SIGTERM, as Ctrl-C or systemd would
+        sid = _session(api, tid, workload={**QUICK, "duration_s": 4})
+        _kill_mid_benchmark(api, sid)
+        began = time.monotonic()
+        svc.stop()  # SIGTERM
+        assert svc.proc is not None
+        assert svc.proc.returncode == 0, svc.log_tail()
+        assert time.monotonic() - began < 40, "the stop waited out its grace"
+        # the trial's work_mem is gone from the file before the sandbox stopped, and the
+        # session waits, released, for the next start
+        assert _auto_conf(user_dir) == auto_before
+        status, owner, phase = _session_row(user_dir, sid)
+        assert (status, owner) == ("running", None)
+        assert phase.startswith("paused: the service stopped"), phase
+
         svc.start()
         api = httpx.Client(base_url=svc.url, timeout=60)
         listed = [t for t in api.get("/api/v1/targets").json() if t["id"] == tid]
         assert listed, "the sandbox target vanished from the list"
+        first = wait_session(api, sid, {"succeeded", "failed", "cancelled"}, timeout=300)
+        assert first["status"] == "succeeded", first
+        assert first["attempts"] == 2
+        assert file_settings(dsn) == before  # restored at the end
 
-        # a session after the restart, killed while the third or a later trial's benchmark
-        # is producing samples
+        # a session killed while the third or a later trial's benchmark produces samples
         sid = _session(api, tid, seed=3, workload={**QUICK, "duration_s": 4})
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            s = api.get(f"/api/v1/sessions/{sid}").json()
-            if s["status"] in ("succeeded", "failed", "cancelled") or (
-                s["progress"]["trials_done"] >= 2
-                and s["live_tps"]
-                and s["phase"].startswith(("measuring", "re-"))
-            ):
-                break
-            time.sleep(0.3)
-        assert s["status"] == "running", s
-        done_before = s["progress"]["trials_done"]
+        done_before = _kill_mid_benchmark(api, sid)["progress"]["trials_done"]
         svc.kill()
 
         svc.start()  # same directory, same defaults: it must find and resume the session

@@ -163,6 +163,9 @@ class Faults:
     # the server dies under this trial's config, mid-run, and is down this many polls
     target_crash: dict[int, int] = field(default_factory=dict)
     cancel: int | None = None  # the user cancels during this trial
+    # this trial's run lasts until its benchmark is stopped; ``held`` is set meanwhile
+    hold: int | None = None
+    held: threading.Event = field(default_factory=threading.Event)
 
 
 class Crash(BaseException):
@@ -219,6 +222,9 @@ class FakeExecutor:
         self.target.apply(cand.config)
         hooks.check()
         hooks.on_phase(describe(cand))
+        if self.faults.hold == n:
+            self.faults.held.set()  # the test acts now (stops the process)
+            self.args.stop.wait(30)
         if self.faults.cancel == n:
             self.request_cancel()  # as POST /sessions/{id}/cancel does
             self.args.stop.wait(5)  # the heartbeat sees it within a second, stops the run
