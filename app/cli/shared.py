@@ -57,6 +57,8 @@ class Api:
             r = self.client.request(method, path, **kw)
         except httpx.HTTPError as exc:
             raise CliError(f"cannot reach the knobtune service: {exc}") from exc
+        if r.status_code == 422:  # the values the options gave: a usage error, in its words
+            raise UsageError(error_detail(r))
         if r.status_code >= 400:
             raise CliError(error_detail(r))
         if r.headers.get("content-type", "").startswith("application/json"):

@@ -124,3 +124,15 @@ def test_the_exit_status_outcome_and_summary_agree() -> None:
     assert outcome("cancelled", "confirmed", start, moved) == "cancelled"
     assert outcome("running", None, start, moved) is None
     assert len(set(shared.EXIT_BY_OUTCOME.values())) == len(OUTCOMES)
+
+
+def test_values_the_service_refuses_are_a_usage_error(
+    reporting: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --clients the workload's default applies, which the API checks: its 422 is
+    the options' fault, so the CLI exits 2 with the API's words (it exited 1)."""
+    code = reporting.cli("tune", "--target", reporting.target, "--jobs", "64", "--no-hints")
+    assert code == shared.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "jobs (64) must not exceed clients" in err, err
+    assert reporting.next_id() == 1  # no session was made
