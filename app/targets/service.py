@@ -383,18 +383,20 @@ def get_target(db: Database, target_id: int) -> Target:
         return t
 
 
+def shown_dsn(dsn: str) -> str:
+    """A stored DSN as every front end shows it: password masked, or why it cannot be read."""
+    if dsn == vault.UNREADABLE:
+        return "(cannot be decrypted with this service's secret key: register the target again)"
+    return mask_dsn(dsn)
+
+
 def target_out(db: Database, target: Target, settings: Settings | None = None) -> TargetOut:
     with db.session() as s:
         held = holder(s, target.id)
-    dsn = target.dsn
     return TargetOut(
         id=target.id,
         name=target.name,
-        dsn=(
-            "(cannot be decrypted with this service's secret key: register the target again)"
-            if dsn == vault.UNREADABLE
-            else mask_dsn(dsn)
-        ),
+        dsn=shown_dsn(target.dsn),
         restart_method=target.restart_method,
         restart_command=target.restart_command,
         restart_note=(

@@ -41,7 +41,6 @@ from app.db import Database
 from app.errors import ServiceError
 from app.models import ACTIVE_STATUSES, Sweep
 from app.postgres.cgroups import PROFILES, Limits
-from app.postgres.dsn import mask_dsn
 from app.postgres.sandbox import SandboxError
 from app.schemas import (
     PGBENCH_DEFAULTS,
@@ -347,7 +346,7 @@ def _index(
             {
                 "id": t.id,
                 "name": t.name,
-                "dsn": mask_dsn(t.dsn),
+                "dsn": target_svc.shown_dsn(t.dsn),
                 "sandbox": t.sandbox_dir is not None,
                 "limits": (
                     str(Limits.from_json(t.sandbox_limits))
@@ -551,7 +550,7 @@ def _session_ctx(db: Database, session_id: int) -> dict[str, Any]:
         "target": {
             "id": target.id,
             "name": target.name,
-            "dsn": mask_dsn(target.dsn),
+            "dsn": target_svc.shown_dsn(target.dsn),
             "retired": target.retired_at is not None,
         },
         "trials": verdict_rows(trials, objective),

@@ -115,3 +115,21 @@ def test_the_dashboard_runs_no_sql_of_its_own() -> None:
                 assert not any(n.split(".")[0] == "sqlalchemy" for n in names), path
             if isinstance(node, ast.Attribute):
                 assert node.attr != "session", f"{path}:{node.lineno} opens a DB session"
+
+
+def test_a_dsn_no_key_opens_reads_the_same_on_every_page(client: TestClient) -> None:
+    """The dashboard shows a stored DSN as the API does (app/targets/service.py:
+    shown_dsn): a DSN that this service's key cannot open says what to do, not the vault's
+    marker."""
+    from sqlalchemy import text
+
+    db: Database = client.app.state.db  # type: ignore[attr-defined]
+    tid, sid = seed(db, "succeeded", "throughput", [])
+    with db.session() as s:  # encrypted with a key this service does not have
+        s.execute(text("UPDATE targets SET dsn = 'fernet:not-a-token' WHERE id = :i"), {"i": tid})
+    [api] = [t for t in client.get("/api/v1/targets").json() if t["id"] == tid]
+    assert api["dsn"].startswith("(cannot be decrypted with this service's secret key")
+    page = client.get("/").text
+    assert "register the target again" in page
+    for path in ("/", f"/sessions/{sid}"):
+        assert "undecryptable" not in client.get(path).text, path
