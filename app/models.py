@@ -321,7 +321,7 @@ class Apply(Base):
 class Capture(Base):
     """A captured workload (issue 28): a target's statement log, or an imported one.
 
-    A live capture is background work under a lease like a sweep (app/runs/capture.py):
+    A live capture is background work under a lease like a sweep (app/captures/runner.py):
     it snapshots the target's logging settings (``snapshot``, committed before the first
     ALTER SYSTEM), logs every statement for ``request.seconds``, always puts the settings
     back, and collects the log lines of its window. ``collect`` holds where the window

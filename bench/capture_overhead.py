@@ -5,11 +5,11 @@
 
 A capture turns on the logging settings of app/postgres/serverlog.py (CAPTURE_SETTINGS:
 ``log_statement = 'all'``, connections and disconnections, the prefix ``%m|%u|%d|%c|``,
-``lc_messages = 'C'``...) with ALTER SYSTEM and a reload, as app/runs/capture.py does.
+``lc_messages = 'C'``...) with ALTER SYSTEM and a reload, as app/captures/runner.py does.
 Here, on one sandbox with the logging collector on (``logging_collector = on``, the log in
 ``log/`` of its data directory, pg_stat_statements loaded: what a capture needs), pgbench
 runs with those settings off (A) and on (B), alternating A B B A A B ... for ``--rounds``
-rounds, through the session's own trial executor (app/runs/trial.py; bench/common.py
+rounds, through the session's own trial executor (app/sessions/trial.py; bench/common.py
 interleaved): each run applies its config on top of the server's settings, and the
 settings are put back at the end. Workloads: pgbench tpcb-like (7 statements a
 transaction) and select-only (1: the statement-heavy worst case, every statement a log
@@ -50,8 +50,8 @@ from app.postgres.cgroups import PROFILES, Limits, resolve  # noqa: E402
 from app.postgres.sandbox import BENCH_DB, Sandbox  # noqa: E402
 from app.postgres.serverlog import CAPTURE_SETTINGS  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
-from app.runs.trial import TrialExecutor, TrialHooks, TrialOutcome  # noqa: E402
 from app.schemas import WorkloadIn  # noqa: E402
+from app.sessions.trial import TrialExecutor, TrialHooks, TrialOutcome  # noqa: E402
 from app.workloads import workload_for  # noqa: E402
 from bench.common import (  # noqa: E402
     interleaved,

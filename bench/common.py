@@ -4,7 +4,7 @@
   round in an order shuffled anew each round from a seed (randomized interleaved trials,
   as ``knobtune compare`` runs them: app/compare/rounds.py is the one implementation), so
   that whatever drifts within a round (cache, autovacuum, the host's other jobs) does not
-  always favour the same one. Each run is the session's own trial (app/runs/trial.py
+  always favour the same one. Each run is the session's own trial (app/sessions/trial.py
   TrialExecutor: apply, a warm-up where asked, the workload's reset, every stream at once,
   per-transaction stats), each config applied on top of the target's settings as they were
   before the first run, and those settings are put back at the end.
@@ -33,7 +33,7 @@ from app.cli import unwind_on_sigterm
 from app.compare.rounds import knob_names, run_rounds
 from app.postgres.cgroups import PROFILES, Limits, resolve
 from app.postgres.target import TargetController
-from app.runs.trial import TrialExecutor, TrialOutcome
+from app.sessions.trial import TrialExecutor, TrialOutcome
 from optimizer import compare
 from optimizer.evidence import StreamStat
 

@@ -62,8 +62,8 @@ from app.models import Trial, TuningSession  # noqa: E402
 from app.postgres.sandbox import Sandbox, SandboxError  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
 from app.postgres.units import same_value  # noqa: E402
-from app.runs.store import ReplayMismatch, SessionStore  # noqa: E402
 from app.schemas import SessionIn  # noqa: E402
+from app.sessions.store import ReplayMismatch, SessionStore  # noqa: E402
 from app.tuning import session_optimizer  # noqa: E402
 from bench.common import run_main  # noqa: E402
 from tests.helpers import ServiceProcess, file_settings  # noqa: E402
@@ -274,7 +274,7 @@ def meta_row(db_url: str, sid: int) -> dict[str, Any]:
 def replay_matches(db_url: str, sid: int) -> bool:
     """A fresh optimizer fed the stored trials in order asks for exactly them (as on resume).
 
-    The session store's own replay (app/runs/store.py), the one a resuming process runs.
+    The session store's own replay (app/sessions/store.py), the one a resuming process runs.
     """
     db = Database(db_url)
     try:

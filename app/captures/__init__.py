@@ -3,7 +3,7 @@
 logparse.py reads a log (PostgreSQL's own parser labels the statements); store.py keeps a
 capture's log at rest (compressed, encrypted); service.py creates, lists, cancels and
 deletes captures and imports logs; summary.py says what a capture holds. A live capture
-runs as background work under a lease (app/runs/capture.py).
+runs as background work under a lease (app/captures/runner.py).
 
 Keep this ``__init__`` free of imports: app/workloads/replay.py imports ``logparse``, and
 importing it runs this file first (tests/test_layout.py counts that edge).

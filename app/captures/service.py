@@ -3,7 +3,7 @@
 A live capture is checked here, before anything is stored: the target is free, and its
 role may change the logging settings and read the server's log through SQL (each missing
 piece is a 422 that says what to change, and that an imported log is the other way in).
-The scheduler claims it and app/runs/capture.py runs it. An import is parsed and stored
+The scheduler claims it and app/captures/runner.py runs it. An import is parsed and stored
 at once. Nothing here ever puts a captured statement into a message: errors name line
 numbers, settings and roles; summaries show normalized queries.
 """
@@ -22,11 +22,11 @@ from app.captures import store
 from app.captures import summary as summaries
 from app.db import Database, utcnow
 from app.errors import ServiceError, to_id
+from app.lease import request_cancel
 from app.models import ACTIVE_STATUSES, Capture, Target
 from app.postgres.connect import connect_target
 from app.postgres.dsn import mask_dsn, scrub
 from app.postgres.serverlog import access_problems
-from app.runs.heartbeat import request_cancel
 from app.schemas import CAPTURE_NAME, CAPTURE_NAME_RULE, CaptureIn, CaptureOut
 from app.settings import Settings
 from app.targets.holds import server_holder

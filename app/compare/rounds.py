@@ -1,6 +1,6 @@
 """Interleaved rounds of configs on one target: the measuring part of a comparison.
 
-Each run is a session's own trial (app/runs/trial.py ``TrialExecutor``: apply, a
+Each run is a session's own trial (app/sessions/trial.py ``TrialExecutor``: apply, a
 discarded warm-up run, the workload's reset, every stream at once, per-transaction
 stats). Each config is applied over the target's settings as they were before the first
 run (``snapshot``): where an earlier run set knobs this config leaves alone, the snapshot
@@ -8,7 +8,7 @@ is put back first. The settings of every knob named are read as each measured ru
 begins, so a run's record says what the server ran it with.
 
 :func:`run_rounds` never restores the target at the end: its caller does, in a
-``finally`` (a comparison's runner through app/runs/recovery.py; bench/common.py's
+``finally`` (a comparison's runner through app/sessions/recovery.py; bench/common.py's
 ``interleaved`` itself). The statistics are pure: :mod:`optimizer.compare`. Used by
 app/compare/runner.py and by the bench scripts (bench/common.py, bench/e2e.py).
 """
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from app.evidence import io_line
 from app.postgres.target import ApplyResult, Snapshot
-from app.runs.trial import TrialExecutor, TrialHooks, TrialOutcome
+from app.sessions.trial import TrialExecutor, TrialHooks, TrialOutcome
 from optimizer.descent import Candidate
 from optimizer.evidence import FLOOR, Objective, run_level, unfinished
 

@@ -8,7 +8,7 @@ lease ran out (its process died), and runs it here. Order of writes, as for a se
 2. what the target may be set to is recorded before each apply (``applied``, with
    ``restarting`` before a restart);
 3. every run is stored as soon as it ends;
-4. at the end, on a cancel or a failure, the snapshot is put back (app/runs/recovery.py:
+4. at the end, on a cancel or a failure, the snapshot is put back (app/sessions/recovery.py:
    an unreachable target is waited for, and a process resuming the comparison only
    restores), then the levels and gains are stored.
 
@@ -35,16 +35,16 @@ from app.compare.rounds import run_record, run_rounds
 from app.compare.schemas import ComparisonIn
 from app.compare.service import figures, names_of, orders_of
 from app.db import Database, utcnow
+from app.lease import Cancelled, Heartbeat, LeaseLost, ShuttingDown, write_leased
 from app.models import Comparison, Target
 from app.objective import objective_of
 from app.postgres.benchlock import lock_for
 from app.postgres.cgroups import smaller
 from app.postgres.dsn import scrub
 from app.postgres.target import Snapshot, TargetController, TargetError
-from app.runs.heartbeat import Cancelled, Heartbeat, LeaseLost, ShuttingDown, write_leased
-from app.runs.recovery import TargetRecovery
-from app.runs.trial import TrialExecutor, TrialHooks, TrialOutcome
 from app.schemas import errors_text
+from app.sessions.recovery import TargetRecovery
+from app.sessions.trial import TrialExecutor, TrialHooks, TrialOutcome
 from app.settings import Settings
 from app.targets.access import admin_dsn_for
 from app.targets.service import controller

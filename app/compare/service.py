@@ -21,9 +21,9 @@ from app.compare.rounds import levels_by_config
 from app.compare.schemas import ComparisonIn, ComparisonOut, ConfigIn, session_ref
 from app.db import Database, utcnow
 from app.errors import ServiceError, to_id
+from app.lease import request_cancel
 from app.models import Comparison, Target, TuningSession
 from app.preflight import PreflightError, check_workload
-from app.runs.heartbeat import request_cancel
 from app.sessions.apply import recommended_changes
 from app.sessions.summary import headline
 from app.settings import Settings

@@ -8,7 +8,7 @@ happens only through the DB:
 * a session or a client sweep is claimed by a compare-and-set on its lease
   (``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL, then an UPDATE guarded
   by the lease still being free), renewed by its heartbeat
-  (app/runs/heartbeat.py); a dead process's lease expires and another process
+  (app/lease.py); a dead process's lease expires and another process
   takes the work over (and resumes it). Sessions, sweeps and comparisons count against
   ``max_parallel_sessions``: two benchmarks at once spoil each other's figures. A live
   capture (issue 28) is claimed the same way but counts against its own
@@ -34,19 +34,19 @@ from apscheduler.triggers.interval import IntervalTrigger
 from pydantic import ValidationError
 from sqlalchemy import Connection, or_, select, text, update
 
+from app.captures.runner import CaptureRunner
 from app.compare.runner import ComparisonRunner
 from app.db import Database, changed_rows, utcnow
 from app.errors import ServiceError
+from app.lease import forget_owner, stop_owned
 from app.models import ACTIVE_STATUSES, Capture, Comparison, Schedule, Sweep, TuningSession
-from app.runs.capture import CaptureRunner
-from app.runs.crashes import session_crashed
-from app.runs.heartbeat import forget_owner, stop_owned
-from app.runs.session import RunEnv, SessionRunner
-from app.runs.sweep import SweepRunner
 from app.schemas import SessionIn, errors_text
+from app.sessions.crashes import session_crashed
+from app.sessions.runner import RunEnv, SessionRunner
 from app.sessions.schedules import cron_trigger
 from app.sessions.service import create_session
 from app.settings import Settings
+from app.sweeps.runner import SweepRunner
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class Scheduler:
 
     def shutdown(self, grace_s: float = 0.0) -> None:
         """Stop claiming, stop every runner of this process and wait up to ``grace_s`` for
-        them: each puts its target back (app/runs/recovery.py, ``pause``). Then the leases
+        them: each puts its target back (app/sessions/recovery.py, ``pause``). Then the leases
         of the work that stopped are released, so the next start (or another process)
         resumes it at once instead of after the lease runs out. A runner still busy after
         the grace keeps its lease; it expires as after a crash."""

@@ -13,7 +13,7 @@ files or programs; no CREATEDB, and it does not own the benchmark database ``kno
 (the superuser does; the role may create tables in its schema ``public``), so it cannot
 ``ALTER DATABASE knobtune SET work_mem`` over the knob being tuned. (It can still ALTER
 ROLE itself SET, as every role may: a session clears such settings of a sandbox's role
-before it starts, app/runs/session.py.) A replayed capture's per-run copy of a database
+before it starts, app/sessions/runner.py.) A replayed capture's per-run copy of a database
 is made by the superuser (app/workloads/replay.py). The passwords live in this object
 and, encrypted, in the service's metadata DB; never on disk in the sandbox.
 """

@@ -1,1 +1,9 @@
-"""Sessions: tuning sessions as a user sees them (requests, progress, exports, schedules)."""
+"""Sessions: tuning sessions, as a user sees them and at work.
+
+As a user sees them: service.py (create, get, list, cancel), export.py, summary.py,
+apply.py, verdicts.py, schedules.py. At work, under a lease (app/lease.py): runner.py is
+the session loop (SessionRunner; RunEnv, the seam); trial.py runs one trial on a target;
+store.py writes a session's rows; recovery.py brings a target back; crashes.py counts a
+runner's crashes. trial.py and recovery.py serve comparisons too (app/compare imports
+them), so they import nothing else of this package.
+"""

@@ -13,11 +13,11 @@ from sqlalchemy.exc import IntegrityError
 from app.db import Database, utcnow
 from app.errors import ServiceError, to_id
 from app.evidence import figures, io_line, per_label, per_stream, streams_from_json
+from app.lease import request_cancel
 from app.models import Target, Trial, TuningSession
 from app.postgres import overrides
 from app.postgres.units import same_value
 from app.preflight import PreflightError, check_workload
-from app.runs.heartbeat import request_cancel
 from app.schemas import Progress, SessionIn, SessionOut, TrialOut
 from app.sessions.summary import headline, outcome, resolution_note, run_value, summary
 from app.targets.holds import server_holder

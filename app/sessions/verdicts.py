@@ -3,7 +3,7 @@ the export, the chart and the CLI's live view share.
 
 The optimizer evaluates a candidate over several runs and decides after any of them
 (optimizer/descent.py); the session stores the verdict on the run that decided it
-(app/runs/store.py). That run is the evaluation's last candidate run or an incumbent
+(app/sessions/store.py). That run is the evaluation's last candidate run or an incumbent
 re-run after it (C I I: a keep lands on the last I), so a reader that shows the verdict
 beside the candidate has to find the candidate's runs.
 """

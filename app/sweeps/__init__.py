@@ -1,1 +1,5 @@
-"""Client sweeps (issue 16): the workload at increasing client counts, to find the knee."""
+"""Client sweeps (issue 16): the workload at increasing client counts, to find the knee.
+
+service.py creates, lists and cancels them; measure.py measures one; runner.py runs one
+under a lease (app/lease.py), resumed after a crash; auto.py picks a session's clients.
+"""

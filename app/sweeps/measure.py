@@ -11,7 +11,7 @@ configuration; the sweep finds where throughput stops rising before anyone tunes
   the host's CPU utilisation and I/O wait come from /proc/stat over each run's measured
   window; for a remote one the record says why CPU is not visible.
 * It is pure measurement, no metadata DB: :mod:`app.sweeps.service` keeps sweeps in
-  ``sweeps`` and :mod:`app.runs.sweep` runs one under a lease, like a session (one sweep
+  ``sweeps`` and :mod:`app.sweeps.runner` runs one under a lease, like a session (one sweep
   or session at a time per target; cancel stops pgbench, and restores nothing because
   the sweep changes nothing). ``done`` resumes a sweep a dead process left: its stored
   runs count, the rest of the plan is measured.

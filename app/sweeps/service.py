@@ -2,7 +2,7 @@
 what a sweep adds to a session's notes and exports.
 
 The measurement is :mod:`app.sweeps.measure` (no DB); a sweep is run, kept alive and
-resumed by the scheduler (:mod:`app.runs.sweep`), like a session.
+resumed by the scheduler (:mod:`app.sweeps.runner`), like a session.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from sqlalchemy import select
 
 from app.db import Database, utcnow
 from app.errors import ServiceError, to_id
+from app.lease import request_cancel
 from app.models import Sweep, Target, TuningSession
-from app.runs.heartbeat import request_cancel
 from app.schemas import SessionIn, SweepIn, SweepOut
 from app.sweeps.measure import SweepError, plan_counts, server_facts
 from app.targets.holds import server_holder

@@ -153,7 +153,7 @@ def test_a_heuristic_start_holds_the_rest_of_pgtunes_config_in_every_run() -> No
     assert cand.config["random_page_cost"] == "1.1"
     assert [n for n in built.notes if "held at its values" in n]
     # one knob is tuned; the plan says so
-    from app.runs.session import plan_text
+    from app.sessions.runner import plan_text
 
     assert plan_text(built.optimizer, built.held).startswith("plan: 1 knob(s)")
     # a knob that needs a restart the target cannot do stays as the server has it

@@ -1,7 +1,7 @@
 """SIGKILL the service mid-sweep; the restarted process resumes the sweep within a lease.
 
 A sweep is claimed under a lease and kept alive by a heartbeat, like a session
-(app/runs/sweep.py). The process dies with no cleanup of any kind; the new one claims
+(app/sweeps/runner.py). The process dies with no cleanup of any kind; the new one claims
 the sweep as soon as its lease has run out, keeps the runs measured before the crash,
 measures the rest of the plan and finishes it, all on the real service and a real
 sandbox with real pgbench.

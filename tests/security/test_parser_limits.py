@@ -77,7 +77,7 @@ def test_an_import_of_a_hostile_statement_is_stored_with_it_unparsed(tmp_path: P
 
 
 def test_a_live_captures_summary_survives_a_hostile_statement() -> None:
-    """What app/runs/capture.py does with a capture's log and pg_stat_statements' texts."""
+    """What app/captures/runner.py does with a capture's log and pg_stat_statements' texts."""
     got = _child(
         """
         from app.captures import summary as summaries

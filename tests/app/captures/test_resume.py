@@ -1,5 +1,5 @@
 """SIGKILL the service mid-capture: the next process puts the logging settings back first,
-then collects what was logged up to then and finishes with a note (app/runs/capture.py).
+then collects what was logged up to then and finishes with a note (app/captures/runner.py).
 
 The service is `knobtune serve` in a subprocess (tests/helpers.py ServiceProcess); it dies
 with no cleanup of any kind while the target logs every statement.

@@ -16,9 +16,9 @@ from sqlalchemy import event
 
 from app.db import Database, upgrade, utcnow
 from app.jobs.scheduler import Scheduler
+from app.lease import write_leased
 from app.main import create_app
 from app.models import Sweep, Target, TuningSession
-from app.runs.heartbeat import write_leased
 from app.sessions.service import cancel_session
 from app.settings import Settings
 from app.sweeps.service import cancel_sweep

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-import app.runs.trial as trial_mod
+import app.sessions.trial as trial_mod
 from app.postgres.benchlock import HostBenchLock, host_key
 from app.postgres.sandbox import Sandbox
 from app.postgres.target import TargetController
-from app.runs.trial import TrialExecutor, TrialOutcome
 from app.schemas import WorkloadIn
+from app.sessions.trial import TrialExecutor, TrialOutcome
 from app.workloads import workload_for
 from optimizer.descent import Candidate
 from tests.conftest import SandboxFactory

@@ -17,9 +17,9 @@ import pytest
 
 from app.db import Database
 from app.models import Trial
-from app.runs.store import SessionStore
 from app.sessions.export import export
 from app.sessions.service import trial_out, trial_rows
+from app.sessions.store import SessionStore
 from optimizer.knobs import Config
 from tests.app.runs.fake import FakeEnv, Faults, add_session, add_target, make_db, run_session
 from tests.optimizer.sim import oltp_surface

@@ -268,7 +268,7 @@ def test_performance_guard_stops_a_collapse_early_and_restores_the_incumbent(
     # The incumbent (work_mem 4MB) stays the session's config and is back on the server.
     assert final["best_config"] == {"work_mem": "4MB"}
     # the rejected run does not count in the summary: the start's level is the median of
-    # its own runs' medians (app/runs/store.py summarize), not a figure of this host's speed
+    # its own runs' medians (app/sessions/store.py summarize), not a figure of this host's speed
     start = [
         t["samples"]["median_tps"]
         for t in trials

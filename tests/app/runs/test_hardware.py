@@ -19,7 +19,7 @@ import pytest
 
 from app.db import Database
 from app.postgres.target import Probe
-from app.runs.store import SessionStore
+from app.sessions.store import SessionStore
 from tests.app.runs.fake import FakeEnv, add_session, add_target, make_db, run_session
 from tests.optimizer.sim import oltp_surface
 

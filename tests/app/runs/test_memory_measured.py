@@ -24,8 +24,8 @@ from app.models import Target
 from app.postgres.cgroups import CgroupUnavailable, Limits
 from app.postgres.sandbox import Sandbox
 from app.postgres.target import TargetController
-from app.runs.trial import TrialExecutor
 from app.schemas import WorkloadIn
+from app.sessions.trial import TrialExecutor
 from app.settings import Settings
 from app.targets.access import controller_for
 from app.workloads import workload_for

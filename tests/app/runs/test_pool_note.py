@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from app.postgres.target import PoolFill
-from app.runs.session import pool_note
+from app.sessions.runner import pool_note
 from tests.app.runs.fake import FakeEnv, add_session, add_target, make_db, run_session
 from tests.optimizer.sim import oltp_surface
 

@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 from app.models import Trial
-from app.runs.store import stored_measurement
 from app.schemas import SessionIn
+from app.sessions.store import stored_measurement
 from app.tuning import session_optimizer
 
 DATA = Path(__file__).parents[2] / "data" / "c2-small-session.json"

@@ -18,9 +18,9 @@ import pytest
 from app.db import Database, utcnow
 from app.jobs.scheduler import Scheduler
 from app.models import Target, TuningSession
-from app.runs import session as session_module
-from app.runs.crashes import CRASH_LIMIT, CRASH_NOTE
-from app.runs.recovery import SessionTarget
+from app.sessions import runner as session_module
+from app.sessions.crashes import CRASH_LIMIT, CRASH_NOTE
+from app.sessions.recovery import SessionTarget
 from app.settings import Settings
 from tests.app.runs.fake import FakeEnv, Faults, add_session, add_target, make_db, row, run_session
 from tests.optimizer.sim import reporting_surface

@@ -17,9 +17,9 @@ import pytest
 
 from app.db import Database
 from app.models import Trial
-from app.runs.store import SessionStore
 from app.sessions.export import export
 from app.sessions.service import get_session, session_out
+from app.sessions.store import SessionStore
 from tests.app.runs.fake import (
     FakeEnv,
     Faults,

@@ -18,14 +18,14 @@ from typing import Any
 import psycopg
 import pytest
 
-import app.runs.recovery as recovery
+import app.sessions.recovery as recovery
 from app.db import utcnow
 from app.models import Target
 from app.postgres.sandbox import Sandbox
 from app.postgres.target import TargetController, parse_conf
-from app.runs.recovery import SessionTarget
-from app.runs.session import CRASH_PREFIX, Executor, ExecutorArgs, RunEnv
 from app.schemas import WorkloadIn
+from app.sessions.recovery import SessionTarget
+from app.sessions.runner import CRASH_PREFIX, Executor, ExecutorArgs, RunEnv
 from app.settings import Settings
 from optimizer.descent import Candidate
 from optimizer.knobs import Config

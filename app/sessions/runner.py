@@ -7,10 +7,10 @@ committed before the next trial starts. A crash at any point therefore leaves
 enough in the metadata DB to resume (replay the stored trials into a fresh
 optimizer) or to restore the target.
 
-The parts: :class:`~app.runs.trial.TrialExecutor` measures one candidate and returns an
-outcome; :class:`~app.runs.store.SessionStore` writes (retried, lease-guarded);
-:class:`~app.runs.recovery.TargetRecovery` brings the target back;
-:class:`~app.runs.heartbeat.Heartbeat` keeps the lease. :class:`SessionRunner` is the
+The parts: :class:`~app.sessions.trial.TrialExecutor` measures one candidate and returns an
+outcome; :class:`~app.sessions.store.SessionStore` writes (retried, lease-guarded);
+:class:`~app.sessions.recovery.TargetRecovery` brings the target back;
+:class:`~app.lease.Heartbeat` keeps the lease. :class:`SessionRunner` is the
 loop between them: prepare, replay, ask/tell, budgets, notes, finish. Its target and
 executor come from a :class:`RunEnv`, which tests replace with simulated ones
 (tests/app/runs/fake.py) to check this bookkeeping in seconds.
@@ -61,6 +61,7 @@ import psycopg
 from pydantic import ValidationError
 
 from app.db import Database, utcnow
+from app.lease import Cancelled, Heartbeat, LeaseLost, ShuttingDown
 from app.models import Target, Trial, TuningSession
 from app.postgres import overrides
 from app.postgres.benchlock import HostBenchLock, lock_for
@@ -68,12 +69,11 @@ from app.postgres.cgroups import smaller
 from app.postgres.dsn import scrub
 from app.postgres.roles import WorkloadRoleError, cannot_check, check_workload_role
 from app.postgres.target import PoolFill, Snapshot, TargetError
-from app.runs.crashes import CRASH_NOTE
-from app.runs.heartbeat import Cancelled, Heartbeat, LeaseLost, ShuttingDown
-from app.runs.recovery import SessionTarget, TargetRecovery
-from app.runs.store import MetadataUnavailable, SessionStore
-from app.runs.trial import TrialExecutor, TrialHooks, TrialOutcome
 from app.schemas import SessionIn, WorkloadIn, errors_text
+from app.sessions.crashes import CRASH_NOTE
+from app.sessions.recovery import SessionTarget, TargetRecovery
+from app.sessions.store import MetadataUnavailable, SessionStore
+from app.sessions.trial import TrialExecutor, TrialHooks, TrialOutcome
 from app.settings import Settings
 from app.sweeps.auto import auto_clients
 from app.sweeps.service import session_notes

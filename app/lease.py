@@ -1,5 +1,10 @@
-"""The lease heartbeat shared by sessions, sweeps, captures and comparisons: renew, publish,
-notice a cancel.
+"""Leased jobs, the primitives every domain's background work shares: sessions, sweeps,
+captures and comparisons.
+
+One low-level module (it imports only ``db`` and ``models``), so that each domain's runner
+and service may import it and no arrow runs back up: ``Heartbeat`` (renew, publish, notice
+a cancel), ``request_cancel``, ``write_leased``, ``LeaseLost``/``ShuttingDown``/``Cancelled``,
+and ``stop_owned``/``forget_owner`` for the scheduler's shutdown.
 
 A row that background work holds (``sessions``, ``sweeps``, ``captures``, ``comparisons``)
 carries ``lease_owner``, ``lease_expires_at`` and ``cancel_requested``. Once a second the

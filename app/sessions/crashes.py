@@ -25,7 +25,7 @@ from app.db import Database, changed_rows, utcnow
 from app.models import Target, TuningSession
 from app.postgres.dsn import scrub
 from app.postgres.target import Snapshot
-from app.runs.recovery import SessionTarget
+from app.sessions.recovery import SessionTarget
 from app.settings import Settings
 
 log = logging.getLogger(__name__)

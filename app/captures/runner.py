@@ -40,6 +40,7 @@ from psycopg.rows import TupleRow
 from app.captures import store
 from app.captures import summary as summaries
 from app.db import Database, utcnow
+from app.lease import Heartbeat, LeaseLost, write_leased
 from app.models import Capture, Target
 from app.postgres.connect import connect_target
 from app.postgres.dsn import scrub
@@ -58,7 +59,6 @@ from app.postgres.serverlog import (
     session_id,
 )
 from app.postgres.target import Snapshot, TargetController, TargetError
-from app.runs.heartbeat import Heartbeat, LeaseLost, write_leased
 from app.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import psycopg
 
 from app.db import utcnow
+from app.lease import Heartbeat
 from app.postgres.memory import MemoryMeter
 from app.postgres.target import (
     ApplyResult,
@@ -37,7 +38,6 @@ from app.postgres.target import (
     Snapshot,
     TargetError,
 )
-from app.runs.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class SessionTarget(Protocol):
 
 
 class RecoveryStore(Protocol):
-    """Where a recovery says what it does: a session's store (app/runs/store.py), or a
+    """Where a recovery says what it does: a session's store (app/sessions/store.py), or a
     comparison's (app/compare/runner.py)."""
 
     def phase(self, phase: str) -> None: ...

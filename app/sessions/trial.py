@@ -17,7 +17,7 @@
 It reports through callbacks (:class:`TrialHooks`: phase text, what is applied, live
 samples, a checkpoint that may raise to abort) and returns a :class:`TrialOutcome`. It
 never registers with the optimizer, writes the metadata DB or recovers the target: the
-session does that with the outcome (app/runs/session.py), so nothing here calls back up.
+session does that with the outcome (app/sessions/runner.py), so nothing here calls back up.
 """
 
 from __future__ import annotations

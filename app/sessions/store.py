@@ -1,6 +1,6 @@
 """A session's writes to the metadata DB: retried, guarded by the lease, one trial a commit.
 
-Order of writes is the safety argument (app/runs/session.py): every trial row is one
+Order of writes is the safety argument (app/sessions/runner.py): every trial row is one
 transaction, committed before the next trial starts, with the session's summary and
 claim columns beside it. While the metadata DB is unreachable every write is retried
 with backoff for up to ``METADATA_RETRY_S`` (the session pauses, nothing is
@@ -25,9 +25,9 @@ from sqlalchemy.exc import IntegrityError
 
 from app.db import Database, changed_rows, db_message, transient, utcnow
 from app.evidence import streams_from_json, streams_json
+from app.lease import LeaseLost
 from app.models import Trial, TuningSession
-from app.runs.heartbeat import LeaseLost
-from app.runs.trial import TrialOutcome
+from app.sessions.trial import TrialOutcome
 from app.tuning import measurement
 from optimizer.descent import CoordinateDescent, Measurement
 from optimizer.verdict import Verdict
