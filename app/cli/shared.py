@@ -57,13 +57,23 @@ class Api:
             r = self.client.request(method, path, **kw)
         except httpx.HTTPError as exc:
             raise CliError(f"cannot reach the knobtune service: {exc}") from exc
-        if r.status_code == 422:  # the values the options gave: a usage error, in its words
+        if r.status_code == 422 and _invalid_body(r):
+            # the request's own values are refused (not the target's state): the options'
+            # fault, a usage error in the API's words
             raise UsageError(error_detail(r))
         if r.status_code >= 400:
             raise CliError(error_detail(r))
         if r.headers.get("content-type", "").startswith("application/json"):
             return r.json()
         return r.text
+
+
+def _invalid_body(r: httpx.Response) -> bool:
+    """A 422 of request validation: FastAPI's list of field errors."""
+    try:
+        return isinstance(r.json().get("detail"), list)
+    except (ValueError, AttributeError):
+        return False
 
 
 def error_detail(r: httpx.Response) -> str:
