@@ -16,6 +16,7 @@ from pydantic import (
     model_validator,
 )
 
+from app.errors import errors_text
 from app.postgres.cgroups import PROFILES, Limits, resolve
 from app.postgres.pgbench import pgbench_jobs
 from app.postgres.scripts import check_script
@@ -63,21 +64,6 @@ def workload_defaults(builtin: str | None, mode: str = "power") -> dict[str, Any
     if builtin == "tpch" and mode == "throughput":
         out.update(clients=2, jobs=2)  # TPC-H's throughput test: at least two streams
     return out
-
-
-def errors_text(exc: ValidationError, *, drop: int = 0) -> str:
-    """``exc`` as one line, "where: what" per error, without the input it refused.
-
-    pydantic's own text and ``exc.errors()`` carry the input: a DSN's password, or a
-    body of many megabytes. ``drop`` leading parts of each location are left out
-    (e.g. 1 for FastAPI's "body").
-    """
-    parts = []
-    for err in exc.errors(include_input=False, include_url=False, include_context=False):
-        loc = ".".join(str(x) for x in err["loc"][drop:])
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(parts)
 
 
 class SandboxIn(BaseModel):

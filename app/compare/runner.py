@@ -35,6 +35,7 @@ from app.compare.rounds import run_record, run_rounds
 from app.compare.schemas import ComparisonIn
 from app.compare.service import figures, names_of, orders_of
 from app.db import Database, utcnow
+from app.errors import errors_text
 from app.lease import Cancelled, Heartbeat, LeaseLost, ShuttingDown, write_leased
 from app.models import Comparison, Target
 from app.objective import objective_of
@@ -42,7 +43,6 @@ from app.postgres.benchlock import lock_for
 from app.postgres.cgroups import smaller
 from app.postgres.dsn import scrub
 from app.postgres.target import Snapshot, TargetController, TargetError
-from app.schemas import errors_text
 from app.sessions.recovery import TargetRecovery
 from app.sessions.trial import TrialExecutor, TrialHooks, TrialOutcome
 from app.settings import Settings

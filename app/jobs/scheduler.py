@@ -37,10 +37,10 @@ from sqlalchemy import Connection, or_, select, text, update
 from app.captures.runner import CaptureRunner
 from app.compare.runner import ComparisonRunner
 from app.db import Database, changed_rows, utcnow
-from app.errors import ServiceError
+from app.errors import ServiceError, errors_text
 from app.lease import forget_owner, stop_owned
 from app.models import ACTIVE_STATUSES, Capture, Comparison, Schedule, Sweep, TuningSession
-from app.schemas import SessionIn, errors_text
+from app.schemas import SessionIn
 from app.sessions.crashes import session_crashed
 from app.sessions.runner import RunEnv, SessionRunner
 from app.sessions.schedules import cron_trigger

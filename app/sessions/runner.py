@@ -61,6 +61,7 @@ import psycopg
 from pydantic import ValidationError
 
 from app.db import Database, utcnow
+from app.errors import errors_text
 from app.lease import Cancelled, Heartbeat, LeaseLost, ShuttingDown
 from app.models import Target, Trial, TuningSession
 from app.postgres import overrides
@@ -69,7 +70,7 @@ from app.postgres.cgroups import smaller
 from app.postgres.dsn import scrub
 from app.postgres.roles import WorkloadRoleError, cannot_check, check_workload_role
 from app.postgres.target import PoolFill, Snapshot, TargetError
-from app.schemas import SessionIn, WorkloadIn, errors_text
+from app.schemas import SessionIn, WorkloadIn
 from app.sessions.crashes import CRASH_NOTE
 from app.sessions.recovery import SessionTarget, TargetRecovery
 from app.sessions.store import MetadataUnavailable, SessionStore

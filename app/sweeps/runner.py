@@ -21,12 +21,13 @@ import psycopg
 from pydantic import ValidationError
 
 from app.db import Database, utcnow
+from app.errors import errors_text
 from app.lease import Heartbeat, LeaseLost, write_leased
 from app.models import Sweep, Target
 from app.postgres.benchlock import lock_for
 from app.postgres.dsn import scrub
 from app.postgres.target import TargetController, TargetError
-from app.schemas import SweepIn, errors_text
+from app.schemas import SweepIn
 from app.settings import Settings
 from app.sweeps.measure import SweepError, measure
 
