@@ -8,8 +8,8 @@ from fastapi import Query, Response
 
 from app.api.deps import DB, AppSettings, Sched, api_router
 from app.postgres.cgroups import PROFILES
-from app.schemas import ProfileOut, RestartMethodOut, TargetIn, TargetOut, TargetPatch
 from app.targets import service
+from app.targets.schemas import ProfileOut, RestartMethodOut, TargetIn, TargetOut, TargetPatch
 
 router = api_router("targets")
 

@@ -47,11 +47,11 @@ from app.postgres.target import (
     mask_dsn,
 )
 from app.preflight import CONNECT_TIMEOUT_S
-from app.schemas import SandboxIn, SandboxLimitsOut, TargetIn, TargetOut
 from app.settings import Settings
 from app.targets.access import CONFIGURE, controller_for, legacy_note, restart_note
 from app.targets.holds import Holder, busy_error, holder, holders, same_server
 from app.targets.location import sandbox_parent
+from app.targets.schemas import SandboxIn, SandboxLimitsOut, TargetIn, TargetOut
 from app.tuning import rows_to_json
 from optimizer.catalogue import CATALOGUE
 

@@ -50,7 +50,6 @@ from app.schemas import (
     RollbackIn,
     SessionIn,
     SweepIn,
-    TargetIn,
     workload_defaults,
 )
 from app.sessions import apply as apply_svc
@@ -59,6 +58,7 @@ from app.sessions.summary import headline, note_kind
 from app.sessions.verdicts import judged_runs
 from app.sweeps import service as sweep_svc
 from app.targets import service as target_svc
+from app.targets.schemas import TargetIn
 from optimizer.catalogue import CATALOGUE
 from optimizer.objective import DEFAULT_OBJECTIVE, chart_axis, in_units, objective_kind
 from optimizer.render import status_label
