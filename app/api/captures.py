@@ -11,9 +11,9 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import DB, AppSettings, Sched, api_router
 from app.captures import service, store
+from app.captures.schemas import CAPTURE_NAME, CaptureIn, CaptureOut
 from app.errors import ServiceError
 from app.models import Capture
-from app.schemas import CAPTURE_NAME, CaptureIn, CaptureOut
 
 router = api_router("captures")
 IMPORT_PATH = "/api/v1/captures/import"  # the one route whose body may be a whole log

@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app.captures import store
 from app.captures import summary as summaries
+from app.captures.schemas import CAPTURE_NAME, CAPTURE_NAME_RULE, CaptureIn, CaptureOut
 from app.db import Database, utcnow
 from app.errors import ServiceError, to_id
 from app.lease import request_cancel
@@ -27,7 +28,6 @@ from app.models import ACTIVE_STATUSES, Capture, Target
 from app.postgres.connect import connect_target
 from app.postgres.dsn import mask_dsn, scrub
 from app.postgres.serverlog import access_problems
-from app.schemas import CAPTURE_NAME, CAPTURE_NAME_RULE, CaptureIn, CaptureOut
 from app.settings import Settings
 from app.targets.holds import server_holder
 from app.targets.recommend import refuse_if_recommend_only

@@ -35,6 +35,7 @@ from app.api.deps import (
     token_ok,
 )
 from app.captures import service as capture_svc
+from app.captures.schemas import CaptureIn
 from app.chart import final_label, points_of, readable, render_svg, render_sweep_svg
 from app.compare import service as compare_svc
 from app.db import Database
@@ -46,7 +47,6 @@ from app.schemas import (
     PGBENCH_DEFAULTS,
     ApplyIn,
     ApplyOut,
-    CaptureIn,
     RollbackIn,
     SessionIn,
     SweepIn,
