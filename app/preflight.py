@@ -28,7 +28,7 @@ from app.postgres.errors import bounded, first_line, primary_message
 from app.postgres.pgbench import PgbenchError, find_pgbench
 from app.postgres.roles import WorkloadRoleError, check_workload_role
 from app.postgres.scripts import ScriptError, check_script, command_lines
-from app.schemas import BUILTIN_WORKLOADS, WorkloadIn
+from app.workloads.schemas import BUILTIN_WORKLOADS, WorkloadIn
 
 log = logging.getLogger(__name__)
 

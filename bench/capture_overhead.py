@@ -50,9 +50,9 @@ from app.postgres.cgroups import PROFILES, Limits, resolve  # noqa: E402
 from app.postgres.sandbox import BENCH_DB, Sandbox  # noqa: E402
 from app.postgres.serverlog import CAPTURE_SETTINGS  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
-from app.schemas import WorkloadIn  # noqa: E402
 from app.sessions.trial import TrialExecutor, TrialHooks, TrialOutcome  # noqa: E402
 from app.workloads import workload_for  # noqa: E402
+from app.workloads.schemas import WorkloadIn  # noqa: E402
 from bench.common import (  # noqa: E402
     interleaved,
     load_average,

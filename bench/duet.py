@@ -73,9 +73,9 @@ from app.compare.rounds import run_record  # noqa: E402
 from app.postgres.cgroups import PROFILES, launcher_argv  # noqa: E402
 from app.postgres.sandbox import Sandbox, as_postgres  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
-from app.schemas import WorkloadIn  # noqa: E402
 from app.sessions.trial import TrialExecutor, TrialHooks, TrialOutcome  # noqa: E402
 from app.workloads import workload_for  # noqa: E402
+from app.workloads.schemas import WorkloadIn  # noqa: E402
 from bench.common import limits_of, load_average, machine, profile_of, run_main  # noqa: E402
 from bench.e2e import in_cgroup, make_sandbox, small_workload  # noqa: E402
 from optimizer.compare import gain_text, paired_gain, summarize  # noqa: E402

@@ -69,9 +69,9 @@ from app.compare.rounds import run_record  # noqa: E402
 from app.postgres.cgroups import PROFILES, Limits  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
-from app.schemas import WorkloadIn  # noqa: E402
 from app.sessions.trial import TrialExecutor, TrialOutcome  # noqa: E402
 from app.workloads import workload_for  # noqa: E402
+from app.workloads.schemas import WorkloadIn  # noqa: E402
 from bench.common import (  # noqa: E402
     interleaved,
     limits_of,

@@ -107,11 +107,11 @@ from app.postgres.dsn import scrub  # noqa: E402
 from app.postgres.pgbench import run_streams  # noqa: E402
 from app.postgres.sandbox import BENCH_ROLE, Sandbox, as_postgres  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
-from app.schemas import WorkloadIn  # noqa: E402
 from app.sessions.trial import TrialExecutor, TrialOutcome  # noqa: E402
 from app.workloads import set_capture_loader, workload_for  # noqa: E402
 from app.workloads.base import Script, Stream, Workload  # noqa: E402
 from app.workloads.replay import CaptureSource  # noqa: E402
+from app.workloads.schemas import WorkloadIn  # noqa: E402
 from app.workloads.tpcc import Tpcc  # noqa: E402
 from bench.common import (  # noqa: E402
     interleaved,

@@ -8,7 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from app.schemas import ObjectiveName, WorkloadIn
+from app.schemas import ObjectiveName
+from app.workloads.schemas import WorkloadIn
 
 NAMED = ("default", "current", "pgtune")
 SESSION_REF = re.compile(r"session:([0-9]{1,18})")

@@ -4,7 +4,7 @@ A custom script is pgbench's, and pgbench's ``\\shell`` and ``\\setshell`` run a
 command on the host that runs pgbench: the knobtune service. So every script is parsed
 here before it is accepted, and only meta-commands that cannot reach the operating
 system pass (:data:`ALLOWED`). :func:`check_script` is the one check; the request
-schemas (app/schemas.py ``ScriptIn``) call it, so every way in (REST, CLI, dashboard,
+schemas (app/workloads/schemas.py ``ScriptIn``) call it, so every way in (REST, CLI, dashboard,
 schedules, stored sessions being resumed) goes through it, and the pgbench runner and
 the preflight call it again before they write a script to disk.
 

@@ -70,7 +70,7 @@ from app.postgres.cgroups import smaller
 from app.postgres.dsn import scrub
 from app.postgres.roles import WorkloadRoleError, cannot_check, check_workload_role
 from app.postgres.target import PoolFill, Snapshot, TargetError
-from app.schemas import SessionIn, WorkloadIn
+from app.schemas import SessionIn
 from app.sessions.crashes import CRASH_NOTE
 from app.sessions.recovery import SessionTarget, TargetRecovery
 from app.sessions.store import MetadataUnavailable, SessionStore
@@ -83,6 +83,7 @@ from app.targets.service import controller
 from app.tuning import rows_to_json, session_optimizer
 from app.workloads import workload_for
 from app.workloads.base import WorkloadError
+from app.workloads.schemas import WorkloadIn
 from optimizer.catalogue import CATALOGUE
 from optimizer.checkpoints import CHECKPOINT_KNOBS, duration_text
 from optimizer.descent import Candidate, CoordinateDescent

@@ -1,6 +1,7 @@
 """Workload kinds: each prepares its data and describes a run as pgbench streams.
 
-:func:`workload_for` is the one place that maps a request to a workload.
+:func:`workload_for` is the one place that maps a request to a workload; schemas.py holds
+that request (WorkloadIn), each workload's defaults and the rules between its fields.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from app.postgres.pgbench import pgbench_jobs
 from app.workloads.base import Workload, WorkloadError
 
 if TYPE_CHECKING:
-    from app.schemas import WorkloadIn
     from app.workloads.replay import CaptureSource
+    from app.workloads.schemas import WorkloadIn
 
 # Where a replay's captured log comes from: capture id -> its log text (or a
 # CaptureSource: the text and the captured database). The capture store registers it at

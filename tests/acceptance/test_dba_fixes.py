@@ -19,8 +19,9 @@ from app.cli.sessions import _session_body
 from app.db import Database, utcnow
 from app.main import create_app
 from app.models import Sweep, TuningSession
-from app.schemas import SessionIn, WorkloadIn
+from app.schemas import SessionIn
 from app.settings import Settings
+from app.workloads.schemas import WorkloadIn
 
 
 # -- (1) a workload's own defaults; the CLI never overrides them ----------------------------

@@ -29,8 +29,8 @@ from app.postgres.pgbench import BenchSpec, find_pgbench, run_bench
 from app.postgres.sandbox import Sandbox
 from app.postgres.scripts import ALLOWED, ScriptError, check_script, command_lines, parse
 from app.preflight import PreflightError, check_workload
-from app.schemas import ScriptIn, WorkloadIn
 from app.sweeps.runner import SweepRunner
+from app.workloads.schemas import ScriptIn, WorkloadIn
 from tests.helpers import wait_done
 from tests.security.conftest import session_body, settle
 

@@ -23,9 +23,9 @@ import app.sessions.trial as trial_mod
 from app.postgres.benchlock import HostBenchLock, host_key
 from app.postgres.sandbox import Sandbox
 from app.postgres.target import TargetController
-from app.schemas import WorkloadIn
 from app.sessions.trial import TrialExecutor, TrialOutcome
 from app.workloads import workload_for
+from app.workloads.schemas import WorkloadIn
 from optimizer.descent import Candidate
 from tests.conftest import SandboxFactory
 

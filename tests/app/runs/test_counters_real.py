@@ -18,9 +18,9 @@ import pytest
 from app.postgres.pgbench import BenchSpec, run_bench
 from app.postgres.sandbox import Sandbox
 from app.postgres.target import TargetController
-from app.schemas import WorkloadIn
 from app.sessions.trial import TrialExecutor
 from app.workloads import workload_for
+from app.workloads.schemas import WorkloadIn
 from optimizer.catalogue import GB, Hardware, knob_space
 from optimizer.checkpoints import cycle_seconds, set_aside
 from optimizer.counters import ServerCounters, summary

@@ -24,11 +24,11 @@ from app.models import Target
 from app.postgres.cgroups import CgroupUnavailable, Limits
 from app.postgres.sandbox import Sandbox
 from app.postgres.target import TargetController
-from app.schemas import WorkloadIn
 from app.sessions.trial import TrialExecutor
 from app.settings import Settings
 from app.targets.access import controller_for
 from app.workloads import workload_for
+from app.workloads.schemas import WorkloadIn
 from optimizer.descent import Candidate
 from tests.helpers import wait_done
 

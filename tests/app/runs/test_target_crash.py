@@ -23,10 +23,10 @@ from app.db import utcnow
 from app.models import Target
 from app.postgres.sandbox import Sandbox
 from app.postgres.target import TargetController, parse_conf
-from app.schemas import WorkloadIn
 from app.sessions.recovery import SessionTarget
 from app.sessions.runner import CRASH_PREFIX, Executor, ExecutorArgs, RunEnv
 from app.settings import Settings
+from app.workloads.schemas import WorkloadIn
 from optimizer.descent import Candidate
 from optimizer.knobs import Config
 from tests.app.runs.fake import add_session, make_db, run_session

@@ -15,11 +15,12 @@ from app.evidence import bench_spec, stream_stat
 from app.postgres.pgbench import run_bench
 from app.postgres.sandbox import Sandbox
 from app.postgres.target import TargetController
-from app.schemas import SessionIn, WorkloadIn
+from app.schemas import SessionIn
 from app.sessions.trial import TrialExecutor
 from app.workloads import set_capture_loader, workload_for
 from app.workloads.base import WorkloadError
 from app.workloads.replay import MARK, CaptureSource, Replay
+from app.workloads.schemas import WorkloadIn
 from optimizer.descent import Candidate
 from optimizer.evidence import run_level, stream_level
 from tests.app.replay.logs import stderr_log
