@@ -6,8 +6,8 @@ from fastapi import Query, Response
 
 from app.api.deps import DB, Sched, api_router
 from app.chart import render_sweep_svg
-from app.schemas import SweepIn, SweepOut
 from app.sweeps import service as sweeps
+from app.sweeps.schemas import SweepIn, SweepOut
 
 router = api_router("sweeps")
 

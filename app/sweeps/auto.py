@@ -14,8 +14,9 @@ from app.db import Database, utcnow
 from app.models import Sweep, TuningSession
 from app.postgres.benchlock import HostBenchLock
 from app.postgres.pgbench import pgbench_jobs
-from app.schemas import SessionIn, SweepIn
+from app.schemas import SessionIn
 from app.sweeps.measure import SweepError, measure
+from app.sweeps.schemas import SweepIn
 
 AUTO_RUN_S = 10  # longest run of a session's own sweep (its runs are short by design)
 

@@ -46,7 +46,7 @@ from app.postgres.pgbench import (
     run_bench,
 )
 from app.postgres.roles import privileges, refusal
-from app.schemas import SweepIn
+from app.sweeps.schemas import SweepIn
 from optimizer.sweep import (
     ConnectionCost,
     SweepRun,

@@ -27,9 +27,9 @@ from app.models import Sweep, Target
 from app.postgres.benchlock import lock_for
 from app.postgres.dsn import scrub
 from app.postgres.target import TargetController, TargetError
-from app.schemas import SweepIn
 from app.settings import Settings
 from app.sweeps.measure import SweepError, measure
+from app.sweeps.schemas import SweepIn
 
 log = logging.getLogger(__name__)
 

@@ -43,12 +43,13 @@ from app.errors import ServiceError
 from app.models import ACTIVE_STATUSES, Sweep
 from app.postgres.cgroups import PROFILES, Limits
 from app.postgres.sandbox import SandboxError
-from app.schemas import ApplyIn, ApplyOut, RollbackIn, SessionIn, SweepIn
+from app.schemas import ApplyIn, ApplyOut, RollbackIn, SessionIn
 from app.sessions import apply as apply_svc
 from app.sessions import service as session_svc
 from app.sessions.summary import headline, note_kind
 from app.sessions.verdicts import judged_runs
 from app.sweeps import service as sweep_svc
+from app.sweeps.schemas import SweepIn
 from app.targets import service as target_svc
 from app.targets.schemas import TargetIn
 from app.workloads.schemas import PGBENCH_DEFAULTS, workload_defaults

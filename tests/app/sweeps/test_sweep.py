@@ -21,9 +21,10 @@ from fastapi.testclient import TestClient
 
 from app.postgres.pgbench import find_pgbench
 from app.postgres.sandbox import Sandbox
-from app.schemas import SessionIn, SweepIn
+from app.schemas import SessionIn
 from app.sweeps import service as sweeps_mod
 from app.sweeps.measure import SweepError, cpu_share, cpu_times, cpu_visibility, measure
+from app.sweeps.schemas import SweepIn
 from app.sweeps.service import export_header
 from optimizer.sweep import client_cap, doubling_series
 

@@ -10,7 +10,7 @@ import pytest
 from app.db import Database, upgrade, utcnow
 from app.errors import ServiceError
 from app.models import Sweep, Target, TuningSession
-from app.schemas import SweepIn
+from app.sweeps.schemas import SweepIn
 from app.sweeps.service import create_sweep
 from app.targets.holds import Holder, holder, holders
 from app.targets.service import delete_target

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from app.db import Database, utcnow
 from app.models import Sweep, Target, TuningSession
-from app.schemas import SweepIn
+from app.sweeps.schemas import SweepIn
 
 FORM = {"content-type": "application/x-www-form-urlencoded"}
 
