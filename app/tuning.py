@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.objective import objective_of
-from app.schemas import KnobIn, SessionIn
+from app.sessions.schemas import KnobIn, SessionIn
 from app.workloads.schemas import WorkloadIn
 from optimizer.catalogue import Hardware, default_knobs, knob_space, major_version
 from optimizer.counters import ServerCounters

@@ -62,7 +62,7 @@ from app.models import Trial, TuningSession  # noqa: E402
 from app.postgres.sandbox import Sandbox, SandboxError  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
 from app.postgres.units import same_value  # noqa: E402
-from app.schemas import SessionIn  # noqa: E402
+from app.sessions.schemas import SessionIn  # noqa: E402
 from app.sessions.store import ReplayMismatch, SessionStore  # noqa: E402
 from app.tuning import session_optimizer  # noqa: E402
 from bench.common import run_main  # noqa: E402

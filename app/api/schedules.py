@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import Response
 
 from app.api.deps import DB, Sched, api_router
-from app.schemas import ScheduleIn, ScheduleOut
 from app.sessions import schedules as service
+from app.sessions.schemas import ScheduleIn, ScheduleOut
 
 router = api_router("schedules")
 

@@ -9,8 +9,8 @@ from fastapi import Query, Response
 from fastapi.responses import PlainTextResponse
 
 from app.api.deps import DB, AppSettings, api_router
-from app.schemas import ApplyIn, ApplyOut, RollbackIn, SessionIn, SessionOut, TrialOut
 from app.sessions import apply, export, service
+from app.sessions.schemas import ApplyIn, ApplyOut, RollbackIn, SessionIn, SessionOut, TrialOut
 from app.sessions.summary import run_value
 
 router = api_router("sessions")

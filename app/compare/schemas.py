@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from app.schemas import ObjectiveName
+from app.sessions.schemas import ObjectiveName
 from app.workloads.schemas import WorkloadIn
 
 NAMED = ("default", "current", "pgtune")

@@ -40,10 +40,10 @@ from app.db import Database, changed_rows, utcnow
 from app.errors import ServiceError, errors_text
 from app.lease import forget_owner, stop_owned
 from app.models import ACTIVE_STATUSES, Capture, Comparison, Schedule, Sweep, TuningSession
-from app.schemas import SessionIn
 from app.sessions.crashes import session_crashed
 from app.sessions.runner import RunEnv, SessionRunner
 from app.sessions.schedules import cron_trigger
+from app.sessions.schemas import SessionIn
 from app.sessions.service import create_session
 from app.settings import Settings
 from app.sweeps.runner import SweepRunner

@@ -25,7 +25,14 @@ from app.postgres.target import (
     TargetError,
 )
 from app.postgres.units import same_value
-from app.schemas import ApplyIn, ApplyOut, KnobChange, KnobCheck, RestartOutcome, RollbackIn
+from app.sessions.schemas import (
+    ApplyIn,
+    ApplyOut,
+    KnobChange,
+    KnobCheck,
+    RestartOutcome,
+    RollbackIn,
+)
 from app.sessions.service import get_session, recommendation_base
 from app.settings import Settings
 from app.targets.holds import server_holder

@@ -70,9 +70,9 @@ from app.postgres.cgroups import smaller
 from app.postgres.dsn import scrub
 from app.postgres.roles import WorkloadRoleError, cannot_check, check_workload_role
 from app.postgres.target import PoolFill, Snapshot, TargetError
-from app.schemas import SessionIn
 from app.sessions.crashes import CRASH_NOTE
 from app.sessions.recovery import SessionTarget, TargetRecovery
+from app.sessions.schemas import SessionIn
 from app.sessions.store import MetadataUnavailable, SessionStore
 from app.sessions.trial import TrialExecutor, TrialHooks, TrialOutcome
 from app.settings import Settings

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from app.db import Database, utcnow
 from app.errors import ServiceError, to_id
 from app.models import Schedule
-from app.schemas import ScheduleIn, ScheduleOut
+from app.sessions.schemas import ScheduleIn, ScheduleOut
 from app.sessions.service import validate_session
 from app.targets.service import get_target
 

@@ -18,7 +18,7 @@ from app.models import Target, Trial, TuningSession
 from app.postgres import overrides
 from app.postgres.units import same_value
 from app.preflight import PreflightError, check_workload
-from app.schemas import Progress, SessionIn, SessionOut, TrialOut
+from app.sessions.schemas import Progress, SessionIn, SessionOut, TrialOut
 from app.sessions.summary import headline, outcome, resolution_note, run_value, summary
 from app.targets.holds import server_holder
 from app.targets.recommend import refuse_if_recommend_only

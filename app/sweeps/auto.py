@@ -14,7 +14,7 @@ from app.db import Database, utcnow
 from app.models import Sweep, TuningSession
 from app.postgres.benchlock import HostBenchLock
 from app.postgres.pgbench import pgbench_jobs
-from app.schemas import SessionIn
+from app.sessions.schemas import SessionIn
 from app.sweeps.measure import SweepError, measure
 from app.sweeps.schemas import SweepIn
 

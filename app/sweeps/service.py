@@ -15,7 +15,7 @@ from app.db import Database, utcnow
 from app.errors import ServiceError, to_id
 from app.lease import request_cancel
 from app.models import Sweep, Target, TuningSession
-from app.schemas import SessionIn
+from app.sessions.schemas import SessionIn
 from app.sweeps.measure import SweepError, plan_counts, server_facts
 from app.sweeps.schemas import SweepIn, SweepOut
 from app.targets.holds import server_holder

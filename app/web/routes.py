@@ -43,9 +43,9 @@ from app.errors import ServiceError
 from app.models import ACTIVE_STATUSES, Sweep
 from app.postgres.cgroups import PROFILES, Limits
 from app.postgres.sandbox import SandboxError
-from app.schemas import ApplyIn, ApplyOut, RollbackIn, SessionIn
 from app.sessions import apply as apply_svc
 from app.sessions import service as session_svc
+from app.sessions.schemas import ApplyIn, ApplyOut, RollbackIn, SessionIn
 from app.sessions.summary import headline, note_kind
 from app.sessions.verdicts import judged_runs
 from app.sweeps import service as sweep_svc

@@ -13,8 +13,8 @@ of pgbench running scripts. One stream, "replay":
 * its **clients** are the most sessions the window holds at once;
 * a run replays the capture's first ``duration_s * speed`` seconds from its first
   statement, the first ``warmup_s * speed`` of them discarded like pgbench's warm-up;
-* its objective is ``latency_mean`` by default (app/schemas.py): a replay runs on the
-  capture's schedule, so its throughput is set by the capture, not by the config.
+* its objective is ``latency_mean`` by default (app/sessions/schemas.py): a replay runs on
+  the capture's schedule, so its throughput is set by the capture, not by the config.
 
 The data. Every measured run starts from the same data without ever writing the user's
 database: :meth:`Replay.reset` drops ``knobtune_replay`` (only that name, and only when

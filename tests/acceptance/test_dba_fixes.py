@@ -19,7 +19,7 @@ from app.cli.sessions import _session_body
 from app.db import Database, utcnow
 from app.main import create_app
 from app.models import Sweep, TuningSession
-from app.schemas import SessionIn
+from app.sessions.schemas import SessionIn
 from app.settings import Settings
 from app.workloads.schemas import WorkloadIn
 

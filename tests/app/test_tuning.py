@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.schemas import SessionIn
+from app.sessions.schemas import SessionIn
 from app.tuning import (
     build_space,
     descent_settings,

@@ -29,9 +29,9 @@ from app.db import Database, utcnow
 from app.models import Target, TuningSession
 from app.postgres.pgbench import BenchResult
 from app.postgres.target import ApplyResult, ConnectError, PoolFill, Probe, Snapshot
-from app.schemas import SessionIn
 from app.sessions.recovery import SessionTarget
 from app.sessions.runner import Executor, ExecutorArgs, RunEnv, SessionRunner
+from app.sessions.schemas import SessionIn
 from app.sessions.trial import TrialOutcome
 from app.settings import Settings
 from app.tuning import describe, measurement, rows_from_json

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from app.models import Trial
-from app.schemas import SessionIn
+from app.sessions.schemas import SessionIn
 from app.sessions.store import stored_measurement
 from app.tuning import session_optimizer
 

@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 
 from app.postgres.pgbench import find_pgbench
 from app.postgres.sandbox import Sandbox
-from app.schemas import SessionIn
+from app.sessions.schemas import SessionIn
 from app.sweeps import service as sweeps_mod
 from app.sweeps.measure import SweepError, cpu_share, cpu_times, cpu_visibility, measure
 from app.sweeps.schemas import SweepIn

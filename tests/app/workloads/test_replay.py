@@ -15,7 +15,7 @@ from app.evidence import bench_spec, stream_stat
 from app.postgres.pgbench import run_bench
 from app.postgres.sandbox import Sandbox
 from app.postgres.target import TargetController
-from app.schemas import SessionIn
+from app.sessions.schemas import SessionIn
 from app.sessions.trial import TrialExecutor
 from app.workloads import set_capture_loader, workload_for
 from app.workloads.base import WorkloadError

@@ -16,7 +16,7 @@ from app.evidence import bench_spec, per_label, stream_stat
 from app.models import Trial, TuningSession
 from app.postgres.pgbench import init_data, run_streams
 from app.postgres.sandbox import Sandbox
-from app.schemas import SessionIn
+from app.sessions.schemas import SessionIn
 from app.sessions.store import stored_measurement as _stored_measurement
 from app.tuning import session_optimizer
 from app.workloads.base import Script, Stream

@@ -1,4 +1,7 @@
-"""Request and response bodies of the REST API."""
+"""Request and response bodies of sessions: a session's request (SessionIn, KnobIn; its
+workload is app/workloads/schemas.py's WorkloadIn), a session and its trials as the API
+shows them, recurring sessions (ScheduleIn/Out), and applying or rolling back a
+recommendation (ApplyIn, RollbackIn, ApplyOut)."""
 
 from __future__ import annotations
 
