@@ -71,7 +71,7 @@ from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
 from app.sessions.trial import TrialExecutor, TrialOutcome  # noqa: E402
 from app.workloads import workload_for  # noqa: E402
-from app.workloads.schemas import WorkloadIn  # noqa: E402
+from app.workloads.schemas import BUILTIN_WORKLOADS, WorkloadIn  # noqa: E402
 from bench.common import (  # noqa: E402
     interleaved,
     limits_of,
@@ -206,6 +206,12 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "kind": "mixed",
     },
 }
+
+
+# --small's pgbench rate (-R, tps) for workloads pgbench runs from its own scripts (not
+# TPC-H, TPC-C or CH-benCHmark's): a small run checks the command's path, never a level,
+# and unthrottled it keeps a CPU busy that a test suite's other workers wait for
+SMALL_RATE = 100
 
 
 def small_workload(wl: dict[str, Any]) -> dict[str, Any]:
@@ -358,6 +364,7 @@ def confirm(
         workload,
         duration_s=args.confirm_duration,
         warmup_s=args.warmup,
+        rate=wl.rate,  # the session's runs' rate (pgbench -R), where the workload has one
         warmup_run_s=args.confirm_warmup,
     )
     levels: dict[str, list[float | None]] = {k: [] for k in configs}
@@ -442,6 +449,7 @@ def settle(sb: Sandbox, spec: dict[str, Any], seconds: float, run_s: int) -> lis
         _workload(spec),
         duration_s=int(each),
         warmup_s=0,
+        rate=spec["workload"].get("rate"),
     )
     levels: list[float] = []
     for i in range(math.ceil(seconds / each)):
@@ -671,8 +679,9 @@ def parser(description: str | None = __doc__) -> argparse.ArgumentParser:
     p.add_argument(
         "--small",
         action="store_true",
-        help="each workload at its smallest size (scale 1, TPC-H SF 0.01, 2 clients): a "
-        "check that the command runs (tests/docs), not a measurement",
+        help="each workload at its smallest size (scale 1, TPC-H SF 0.01, 2 clients; pgbench's "
+        f"own scripts throttled to {SMALL_RATE} tps): a check that the command runs "
+        "(tests/docs), not a measurement",
     )
     return p
 
@@ -689,6 +698,8 @@ def parse_args(p: argparse.ArgumentParser) -> argparse.Namespace:
     if args.small:
         for spec in WORKLOADS.values():
             spec["workload"] = small_workload(spec["workload"])
+            if spec["workload"].get("builtin") not in BUILTIN_WORKLOADS:
+                spec["workload"]["rate"] = SMALL_RATE
         args.settle_s = min(args.settle_s, 2)
         args.settle_run_s = min(args.settle_run_s, 2)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -142,6 +142,13 @@ def _workload_arguments(wl: argparse._ArgumentGroup) -> None:
     wl.add_argument(
         "--max-tries", type=int, metavar="N", help="pgbench --max-tries (default: 1, 10 for tpcc)"
     )
+    wl.add_argument(
+        "--rate",
+        type=float,
+        metavar="TPS",
+        help="pgbench -R: each run throttled to this many transactions a second (default: "
+        "as fast as the server goes)",
+    )
 
 
 def compare_configs(specs: list[str]) -> list[dict[str, Any]]:
@@ -200,6 +207,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         "olap_clients": args.olap_clients,
         "isolation": args.isolation,
         "max_tries": args.max_tries,
+        "rate": args.rate,
         "queries": [q.strip() for q in args.queries.split(",")] if args.queries else None,
     }
     workload: dict[str, Any] = {k: v for k, v in given.items() if v is not None}

@@ -28,7 +28,8 @@ def test_the_search_order_command_runs(tmp_path: Path) -> None:
     small, small (about 2 x 60 s: sessions of 7 runs of 2 s, one round of three configs,
     each in the cgroup), settled first as the C2 pages' commands are (one 2 s run); where
     the host has no cgroups, its H1 command. A session searching as before issue 29 and
-    one as now, each confirmed."""
+    one as now, each confirmed. --small runs TPC-B's pgbench at 100 tps (-R) throughout,
+    the settle, the sessions and the confirmations: nothing here asserts a level."""
     if NO_CGROUPS is None:
         name, out = "results-search-order", "order-B1.json"
     else:
