@@ -137,6 +137,9 @@ REPORT_SELECT = (
     "ORDER BY ol_dist_info, ol_amount DESC) AS report OFFSET 100000000"
 )
 REPORT_SCRIPT = "\\set w random(1, :warehouses)\n" + REPORT_SELECT.format(w=":w") + ";\n"
+# --report-pause-ms: the reporting client waits this long after each query (pgbench \sleep,
+# never sent to the server: the capture holds the queries only)
+PAUSE = "\\sleep {ms} ms\n"
 REPORT_LABEL = label_text(REPORT_SELECT.format(w=1))  # the replay's label of that query
 # The session's knobs: memory, planner and WAL, and synchronous_commit as a durability trade
 # (the session is given allow_unsafe for it, and labels it so).
@@ -185,6 +188,8 @@ FULL: dict[str, Any] = {
     "clients": 4,
     "report_clients": 1,
     "disk_iops": 300,
+    "capture_rate": None,  # flat out, as in every original run
+    "report_pause_ms": 0,
 }
 SMALL: dict[str, Any] = {
     "minutes": 10 / 60,  # a capture's shortest
@@ -199,6 +204,14 @@ SMALL: dict[str, Any] = {
     "clients": 2,
     "report_clients": 1,
     "disk_iops": 300,
+    # The capture's mix throttled (pgbench -R 20 a stream; the reporting client, always
+    # behind that schedule, pauses 500 ms after each query): --small checks the path, never
+    # a level, and 8 s flat out kept a CPU busy that the suite's other workers wait for.
+    # The capture then holds ~800 statements, not ~5,500, and each replay run replays
+    # fewer. The original's runs stay flat out: each 2 s run must finish every TPC-C
+    # transaction type (4% of the mix the rarest) for its throughput to have a level.
+    "capture_rate": 20.0,
+    "report_pause_ms": 500,
 }
 
 
@@ -208,6 +221,7 @@ class Production:
 
     tpcc: Tpcc
     report_clients: int
+    report_pause_ms: int = 0  # --report-pause-ms (REPORT_SCRIPT then PAUSE)
     # --original-checkpoint: a DSN that may CHECKPOINT, run after each reset, so that every
     # original run starts at a checkpoint as every replay run does (its copy's FILE_COPY
     # checkpoints)
@@ -248,10 +262,14 @@ class Production:
                 )
             )
 
+    def report_script(self) -> str:
+        pause = PAUSE.format(ms=self.report_pause_ms) if self.report_pause_ms else ""
+        return REPORT_SCRIPT + pause
+
     def streams(self) -> list[Stream]:
         report = Stream(
             name="report",
-            scripts=(Script("report", REPORT_SCRIPT),),
+            scripts=(Script("report", self.report_script()),),
             clients=self.report_clients,
             defines={"warehouses": str(self.tpcc.warehouses)},
         )
@@ -348,7 +366,12 @@ def _db(dsn: str, database: str) -> str:
 
 # -- the capture -----------------------------------------------------------------------------
 def capture(
-    api: httpx.Client, target_id: int, mix: Production, app_dsn: str, seconds: int
+    api: httpx.Client,
+    target_id: int,
+    mix: Production,
+    app_dsn: str,
+    seconds: int,
+    rate: float | None = None,
 ) -> dict[str, Any]:
     """A live capture of P through the API while the mix runs; its body and log."""
     r = api.post(
@@ -360,7 +383,7 @@ def capture(
     cid = int(r.json()["id"])
     wait_capture(api, cid, until="logging", timeout=120)
     # the mix starts once every statement is logged, and ends before the capture does
-    specs = [bench_spec(st, duration_s=seconds - 2, warmup_s=0) for st in mix.streams()]
+    specs = [bench_spec(st, duration_s=seconds - 2, warmup_s=0, rate=rate) for st in mix.streams()]
     results = run_streams(app_dsn, specs)
     failed = [
         f"{st.name}: {r.error}" for st, r in zip(mix.streams(), results, strict=True) if not r.ok
@@ -653,7 +676,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if os.geteuid() == 0:  # the dump is written by the postgres OS user
         shutil.chown(workdir, "postgres")
     service_dir = tempfile.TemporaryDirectory(prefix="knobtune-fidelity-svc-")
-    mix = Production(Tpcc(warehouses=args.warehouses, clients=args.clients), args.report_clients)
+    mix = Production(
+        Tpcc(warehouses=args.warehouses, clients=args.clients),
+        args.report_clients,
+        args.report_pause_ms,
+    )
     # both servers on the same slow disk: the capture's and the replay's
     disk = Limits(disk_iops=args.disk_iops) if args.disk_iops else None
     doc: dict[str, Any] = {"disk_iops": args.disk_iops}
@@ -671,7 +698,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"production: loading TPC-C at {args.warehouses} warehouses", file=sys.stderr)
         doc["data"] = {"note": mix.prepare(app_dsn)}
         doc["report_query"] = {
-            "script": REPORT_SCRIPT,
+            "script": mix.report_script(),
             "replay_label": REPORT_LABEL,
             "explain": spill_check(app_dsn),
         }
@@ -708,7 +735,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             seconds = max(10, round(args.minutes * 60))
             print(f"capture: {seconds} s of the mix on production", file=sys.stderr)
-            cap = capture(api, p_id, mix, app_dsn, seconds)
+            cap = capture(api, p_id, mix, app_dsn, seconds, args.capture_rate)
             body = cap["body"]
             doc["capture"] = {
                 "id": cap["id"],
@@ -870,6 +897,17 @@ def main() -> int:
         type=int,
         help="both servers' read and write IOPS cap, a cgroup (default 300; 0: none)",
     )
+    p.add_argument(
+        "--capture-rate",
+        type=float,
+        help="pgbench -R for each stream of the mix while it is captured, transactions a "
+        "second (default: none, flat out; --small: 20)",
+    )
+    p.add_argument(
+        "--report-pause-ms",
+        type=int,
+        help="the reporting client's pause after each query, ms (default 0; --small: 500)",
+    )
     p.add_argument("--speed", type=float, default=1.0, help="the replay's speed (default 1)")
     p.add_argument(
         "--replay-objective",
@@ -904,8 +942,8 @@ def main() -> int:
         "--small",
         action="store_true",
         help="every step at its smallest (a 10 s capture, 1 round of 2 s runs, 1 warehouse, a "
-        "10 s session without its final check, no warm-up runs): a check that the command "
-        "runs (tests/docs), not a measurement",
+        "10 s session without its final check, no warm-up runs, the captured mix "
+        "throttled): a check that the command runs (tests/docs), not a measurement",
     )
     args = p.parse_args()
     for name, value in (SMALL if args.small else FULL).items():

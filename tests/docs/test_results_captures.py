@@ -55,6 +55,8 @@ def test_results_replay_fidelity(tmp_path: Path) -> None:
     and its confirmation. Which way the effect went in a 2 s run is not asserted (a
     benchmark effect on a shared 2-core host; the page's full-size runs measure it): the
     output holds both sides' estimates and checks, from runs that did what was asked.
+    --small throttles the captured mix (bench/replay_fidelity.py SMALL): a smaller capture
+    and cheaper replay runs; the original's runs stay flat out.
 
     The four commands are one script: the flat-out ones are one command but for the flag
     (--original-checkpoint, --original-fresh or neither), its budget and its output file
