@@ -160,7 +160,7 @@ def test_the_cli_refuses_a_shell_script(sandbox: Sandbox, marker: Path, tmp_path
          "--out", str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert res.returncode == 1, res.stderr
+    assert res.returncode == 2, res.stderr  # the request check refuses it: a usage error
     assert "workload.scripts.0.sql: line 2: \\setshell runs a shell command" in res.stderr
     assert "Traceback" not in res.stderr
     assert not marker.exists()
