@@ -1,6 +1,6 @@
 """Apply a finished session's recommendation to its target, verify it, and roll it back.
 
-The target's own controller (app/postgres/target.py) does the work: ``snapshot`` before,
+The target's own controller (app/postgres/target/) does the work: ``snapshot`` before,
 ``apply`` (ALTER SYSTEM, reload, a restart where a knob needs one and the target has a
 restart method, each value verified on a fresh connection; on any failure the previous
 entries are back), ``revert`` for the way back. This module decides what to change, shows

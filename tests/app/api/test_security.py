@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-import app.postgres.target as target_mod
 import app.targets.service as service_mod
 from app.db import Database
 from app.main import create_app
@@ -62,7 +61,7 @@ def fuzz_app(
     def no_sandbox(*_a: Any, **_k: Any) -> Any:
         raise PostgresNotInstalled("sandboxes are disabled in this test")
 
-    monkeypatch.setattr(target_mod.psycopg, "connect", refuse)
+    monkeypatch.setattr(psycopg, "connect", refuse)
     monkeypatch.setattr(service_mod.Sandbox, "create", no_sandbox)
     settings = Settings(
         database_url=f"sqlite:///{tmp_path / 'fuzz.db'}", work_dir=tmp_path, run_scheduler=False
