@@ -18,8 +18,8 @@ def _comparison_page(
     request: Request, db: Database, comparison_id: int, error: str | None = None, status: int = 200
 ) -> HTMLResponse:
     row = compare_svc.get_comparison(db, comparison_id)
-    target = target_svc.get_target(db, row.target_id)
-    ctx = {"c": compare_svc.comparison_out(row, target.name), "target": target, "error": error}
+    target = target_svc.get_target(db, row.target_id)  # a 404 page when it is gone
+    ctx = {"c": compare_svc.comparison_out(row, target.name), "error": error}
     return render_page(request, "comparison.html", ctx, status)
 
 

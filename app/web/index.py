@@ -12,11 +12,12 @@ from fastapi.responses import HTMLResponse
 
 from app.api.deps import DB
 from app.db import Database
-from app.models import ACTIVE_STATUSES, Sweep
+from app.models import ACTIVE_STATUSES
 from app.postgres.cgroups import PROFILES, Limits
 from app.sessions import service as session_svc
 from app.sessions.schemas import SessionIn
 from app.sweeps import service as sweep_svc
+from app.sweeps.schemas import SweepOut
 from app.targets import service as target_svc
 from app.web.render import page_routers, render_page
 from app.workloads.schemas import PGBENCH_DEFAULTS, workload_defaults
@@ -96,11 +97,12 @@ def _sessions_ctx(db: Database) -> dict[str, Any]:
     }
 
 
-def _latest_sweeps(db: Database) -> dict[int, Sweep]:
+def _latest_sweeps(db: Database) -> dict[int, SweepOut]:
     """Each target's newest sweep, in one query over the newest sweeps."""
-    out: dict[int, Sweep] = {}
+    out: dict[int, SweepOut] = {}
     for sw in sweep_svc.list_sweeps(db, limit=200):
-        out.setdefault(sw.target_id, sw)
+        if sw.target_id not in out:
+            out[sw.target_id] = sweep_svc.sweep_out(sw)
     return out
 
 
