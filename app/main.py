@@ -43,7 +43,7 @@ from app.settings import Settings, get_settings
 from app.targets.location import drop_empty_fallback
 from app.targets.sandboxes import start_sandboxes, stop_sandboxes
 from app.targets.service import remember_sandboxes, seal_stored_secrets
-from app.web.routes import RenderedPages
+from app.web.render import RenderedPages
 from app.web.routes import router as web_router
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from app.cli.follow import _trial_cells
 from app.models import Trial
 from app.sessions.export import _verdict_rows
 from app.sessions.verdicts import judged_runs
-from app.web.routes import verdict_rows
+from app.web.sessions import verdict_rows
 
 START = {"work_mem": "4MB", "shared_buffers": "128MB", "max_wal_size": "1GB"}
 
