@@ -35,9 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import special
 
-from optimizer.verdict import ALPHA, PRIOR_DF, RUN_SD, t_ppf, t_sf
+from optimizer.verdict import ALPHA, PRIOR_DF, RUN_SD, special, t_ppf, t_sf
 
 TOLERANCE = 0.05
 """A count within this fraction of the best throughput is "at the best"."""
@@ -212,7 +211,7 @@ def _moderated(
         rest = [h for k, h in groups.items() if k != c]
         var_rest, dof_rest = _pool(rest, within, run_sd, prior_df)
         s2 = float(np.var(g, ddof=1))
-        if s2 > var_rest * float(special.fdtri(g.size - 1, dof_rest, 0.99)):
+        if s2 > var_rest * float(special().fdtri(g.size - 1, dof_rest, 0.99)):
             own[c] = s2
     var, dof = _pool([g for c, g in groups.items() if c not in own], within, run_sd, prior_df)
     return var, dof, own

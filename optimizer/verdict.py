@@ -43,30 +43,40 @@ CV 25%, AR(1) 0.3, between-run drift sd 5%, 2% outlier seconds):
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Literal, TypeVar
 
 import numpy as np
 
-# scipy.special, not scipy.stats: the same t and normal distribution functions (scipy.stats
-# computes them with these), without the 1-3 s that importing scipy.stats adds to every
-# start of the service and the CLI.
-from scipy import special
+
+@functools.cache
+def special() -> ModuleType:
+    """scipy.special, imported on first use. Not scipy.stats: the same t and normal
+    distribution functions (scipy.stats computes them with these) without the 1-3 s its
+    import costs. And not at import: scipy.special still takes 0.2-0.3 s of CPU, which a CLI
+    call that judges no run (status, export) need not pay."""
+    import scipy.special
+
+    module: ModuleType = scipy.special
+    return module
+
 
 Objective = Literal["throughput", "latency_p95"]
 
 
 def t_sf(t: float, dof: float) -> float:
     """P(T > t) for Student's t with ``dof`` degrees of freedom (any real dof > 0)."""
-    return float(special.stdtr(dof, -t))
+    return float(special().stdtr(dof, -t))
 
 
 def t_ppf(q: float, dof: float) -> float:
     """The ``q`` quantile of Student's t with ``dof`` degrees of freedom."""
-    return float(special.stdtrit(dof, q))
+    return float(special().stdtrit(dof, q))
 
 
 ALPHA = 0.03
@@ -301,7 +311,7 @@ def detectable_gain(
     df = ni + nc - 2
     rss = float(((y - y.mean()) ** 2).sum()) * df / (ni - 1) if ni > 1 else 0.0
     se = math.sqrt(_moderated_var(rss, df, w_bar, run_sd, prior_df) * (1 / ni + 1 / nc))
-    q = t_ppf(1 - alpha, prior_df + df) if prior_df + df > 0 else float(special.ndtri(1 - alpha))
+    q = t_ppf(1 - alpha, prior_df + df) if prior_df + df > 0 else float(special().ndtri(1 - alpha))
     return max(_gain(q * se, lower_is_better), min_gain)
 
 
@@ -384,7 +394,7 @@ def _decide(
     """Keep or not from the log effect ``d`` and its standard error (t with ``dof``)."""
     ni, nc = len(incumbent), len(candidate)
     tstat = d / se
-    p = t_sf(tstat, dof) if dof > 0 else float(special.ndtr(-tstat))
+    p = t_sf(tstat, dof) if dof > 0 else float(special().ndtr(-tstat))
     q = t_ppf(0.975, dof) if dof > 0 else 1.96
     gain = _gain(d, lower_is_better)
     ci = (_gain(d - q * se, lower_is_better), _gain(d + q * se, lower_is_better))

@@ -45,6 +45,7 @@ through, at the price of refusing such text in a comment or string literal.
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from dataclasses import dataclass
 
@@ -155,13 +156,22 @@ _RULES: list[tuple[str, str, tuple[str, ...]]] = [
 ]
 _Rule = tuple[re.Pattern[str], tuple[str, ...]]
 _OTHER: _Rule = (re.compile(r"[^\n]"), ("token",))  # flex's ".": any one character
-_BY_FIRST: dict[str, list[_Rule]] = {}
-for _firsts, _pattern, _action in _RULES:
-    for _c in _firsts:
-        _BY_FIRST.setdefault(_c, []).append((re.compile(_pattern), _action))
-for _rules in _BY_FIRST.values():
-    _rules.append(_OTHER)
 _ONLY_OTHER = [_OTHER]
+
+
+# The patterns below are compiled on first use, not at import: compiling them takes about
+# 0.3 s of CPU, and most processes that import this module (every CLI call, the service)
+# never check a script.
+@functools.cache
+def _by_first() -> dict[str, list[_Rule]]:
+    rules: dict[str, list[_Rule]] = {}
+    for firsts, pattern, action in _RULES:
+        for c in firsts:
+            rules.setdefault(c, []).append((re.compile(pattern), action))
+    for first in rules.values():
+        first.append(_OTHER)
+    return rules
+
 
 # Skipping what cannot hold a meta-command, at the regex engine's speed (a script is
 # checked on every request, while the event loop waits). Each alternative consumes one
@@ -218,9 +228,13 @@ def _skip(ident: str | None) -> re.Pattern[str]:
     return re.compile("(?:" + "|".join(t for t in tokens if t is not None) + ")*+")
 
 
-_SKIP_ALL = _skip(_IDENT)
-_SKIP_NO_IDENT = _skip(None)  # a statement's head: its first identifiers are read one by one
-_SKIP_ROUTINE = _skip(rf"(?!{_ROUTINE_WORD}){_IDENT}")  # a function body: BEGIN, CASE, END
+@functools.cache
+def _skips() -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
+    """(all, a statement's head, a function body): a head's first identifiers are read one
+    by one; a body's BEGIN, CASE and END too."""
+    return _skip(_IDENT), _skip(None), _skip(rf"(?!{_ROUTINE_WORD}){_IDENT}")
+
+
 _LEADING_SPACE = re.compile(r"(?:[ \t\n\r\f\v]++|--[^\n\r]*+)*+")
 _IDENT_RE = re.compile(_IDENT)
 _PUNCT = re.compile(r"[();]++")
@@ -270,13 +284,14 @@ class _Lexer:
 
     def run(self) -> list[Command]:
         s, n, i = self.s, len(self.s), 0
+        skip_all, skip_head, skip_routine = _skips()
         while i < n:
             if self.ident_count == 0 or (self.idents[0] == "c" and self.ident_count < 4):
-                skip = _SKIP_NO_IDENT
+                skip = skip_head
             elif self.in_routine:
-                skip = _SKIP_ROUTINE
+                skip = skip_routine
             else:
-                skip = _SKIP_ALL
+                skip = skip_all
             m = skip.match(s, i)
             assert m is not None
             if m.end() > i:
@@ -326,7 +341,7 @@ class _Lexer:
         """flex's longest match among the rules for the character at ``i``."""
         s = self.s
         best_len, action = 0, _OTHER[1]
-        for pattern, act in _BY_FIRST.get(s[i], _ONLY_OTHER):
+        for pattern, act in _by_first().get(s[i], _ONLY_OTHER):
             m = pattern.match(s, i)
             if m is not None and m.end() - i > best_len:
                 best_len, action = m.end() - i, act
