@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -73,9 +73,10 @@ class LeasedKind:
 
     model: Leased
     runner: RunnerFactory
-    # "default": counts against max_parallel_sessions (it loads its target's host with
-    # benchmarks); "captures": max_parallel_captures, on threads of its own
-    pool: str = "default"
+    # the limit it counts against, and the APScheduler executor it runs on: "default",
+    # max_parallel_sessions (it loads its target's host with benchmarks), or "captures",
+    # max_parallel_captures on threads of their own
+    pool: Literal["default", "captures"] = "default"
     crashed: CrashHandler | None = None  # None: the crash is logged only
 
 
@@ -86,7 +87,7 @@ def _session_crashed(
     session_crashed(db, settings, row_id, owner, exc, (env or RunEnv()).target)
 
 
-# Every kind of leased work, oldest first within a pool: adding a kind is one entry.
+# Every kind of leased work: adding a kind is one entry.
 KINDS: dict[Kind, LeasedKind] = {
     "session": LeasedKind(TuningSession, SessionRunner, crashed=_session_crashed),
     "sweep": LeasedKind(Sweep, lambda db, st, i, owner, _env: SweepRunner(db, st, i, owner)),
