@@ -205,7 +205,8 @@ class Heartbeat:
             raise Cancelled
 
 
-Row = TypeVar("Row", TuningSession, Sweep, Capture, Comparison)
+# the kinds with a heartbeat_at column (a session publishes live samples instead)
+Row = TypeVar("Row", Sweep, Capture, Comparison)
 
 
 class LeasedRunner(Generic[Row]):
@@ -215,7 +216,7 @@ class LeasedRunner(Generic[Row]):
     holds it or it has ended), check it again, ``start``, do the work under
     ``heartbeat()``, ``finish``. ``run`` ends quietly on a LeaseLost (a ShuttingDown too):
     another process, or the next start of this one, finishes the work. ``start`` and the
-    heartbeat write ``heartbeat_at``, a column of sweeps, captures and comparisons.
+    heartbeat write ``heartbeat_at``: sweeps, captures and comparisons have it.
     """
 
     def __init__(
