@@ -4,7 +4,9 @@ captures and comparisons.
 One low-level module (it imports only ``db`` and ``models``), so that each domain's runner
 and service may import it and no arrow runs back up: ``Heartbeat`` (renew, publish, notice
 a cancel), ``request_cancel``, ``write_leased``, ``LeaseLost``/``ShuttingDown``/``Cancelled``,
-and ``stop_owned``/``forget_owner`` for the scheduler's shutdown.
+``stop_owned``/``forget_owner`` for the scheduler's shutdown, and ``LeasedRunner``: the
+steps a runner takes around its work (load the row it holds, mark it running, heartbeat,
+finish and release it).
 
 A row that background work holds (``sessions``, ``sweeps``, ``captures``, ``comparisons``)
 carries ``lease_owner``, ``lease_expires_at`` and ``cancel_requested``. Once a second the
@@ -15,12 +17,13 @@ heartbeat renews the lease (a compare-and-set on the owner), writes what the wor
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session
@@ -200,3 +203,81 @@ class Heartbeat:
             raise LeaseLost
         if self.cancel.is_set():
             raise Cancelled
+
+
+# the kinds with a heartbeat_at column (a session publishes live samples instead)
+Row = TypeVar("Row", Sweep, Capture, Comparison)
+
+
+class LeasedRunner(Generic[Row]):
+    """The steps every runner of a claimed row takes around its own work.
+
+    A subclass writes ``_run``: load the row (``held``: None when this process no longer
+    holds it or it has ended), check it again, ``start``, do the work under
+    ``heartbeat()``, ``finish``. ``run`` ends quietly on a LeaseLost (a ShuttingDown too):
+    another process, or the next start of this one, finishes the work. ``start`` and the
+    heartbeat write ``heartbeat_at``: sweeps, captures and comparisons have it.
+    """
+
+    def __init__(
+        self, db: Database, model: type[Row], row_id: int, owner: str, lease_s: float
+    ) -> None:
+        self.db, self.row_id, self.owner = db, row_id, owner
+        self.model: type[Row] = model
+        self.lease_s = lease_s
+        self.phase = "starting"  # published by the heartbeat
+
+    def run(self) -> None:
+        with contextlib.suppress(LeaseLost):
+            self._run()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def held(self, s: Session) -> Row | None:
+        """The row, if this process holds its lease and it has not ended."""
+        row = s.get(self.model, self.row_id)
+        if row is None or row.lease_owner != self.owner or row.status not in ACTIVE_STATUSES:
+            return None
+        return row
+
+    def write(self, **values: Any) -> None:
+        write_leased(self.db, self.model, self.row_id, self.owner, **values)
+
+    def start(self, *, resumed: bool) -> None:
+        """Mark the row running and count the attempt; ``resumed``: after a process that
+        ran it died (its ``started_at`` stays)."""
+        now = utcnow()
+        self.write(
+            status="running",
+            phase="resuming" if resumed else "starting",
+            heartbeat_at=now,
+            attempts=self.model.attempts + 1,
+            **({} if resumed else {"started_at": now}),
+        )
+
+    def heartbeat(self) -> Heartbeat:
+        """The row's heartbeat, publishing the time and ``self.phase``; enter it to start."""
+        hb = Heartbeat(self.db, self.model, self.row_id, self.owner, self.lease_s)
+        hb.publish = lambda at: {"heartbeat_at": at, "phase": self.phase}
+        return hb
+
+    def finish(self, status: str, **values: Any) -> None:
+        """The row ends with ``status`` (its phase too) and its lease is released."""
+        self.write(
+            status=status,
+            phase=status,
+            finished_at=utcnow(),
+            lease_owner=None,
+            lease_expires_at=None,
+            **values,
+        )
+
+    @staticmethod
+    def end_loaded(row: Row, status: str, error: str) -> None:
+        """End a row loaded in the caller's DB session before any work (its request is
+        refused now, say), releasing its lease."""
+        row.status = row.phase = status
+        row.finished_at = utcnow()
+        row.lease_owner, row.lease_expires_at = None, None
+        row.error = error

@@ -83,6 +83,18 @@ class Base(DeclarativeBase):
     }
 
 
+class LeaseColumns:
+    """The lease of a row that background work holds (app/lease.py): sessions, sweeps,
+    captures and comparisons. ``lease_owner`` is the process (``Settings.instance_id``)
+    running it, until ``lease_expires_at`` unless its heartbeat renews it;
+    ``cancel_requested`` is the flag that heartbeat reads. A mixin: each table has these
+    columns of its own (no table of leases)."""
+
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None]
+
+
 class Target(Base):
     __tablename__ = "targets"
 
@@ -136,7 +148,7 @@ class Target(Base):
         return self.bench_dsn or self.dsn
 
 
-class TuningSession(Base):
+class TuningSession(LeaseColumns, Base):
     __tablename__ = "sessions"
     __table_args__ = (
         # At most one active session per target, enforced by the DB so two
@@ -181,9 +193,6 @@ class TuningSession(Base):
     live: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     notes: Mapped[list[Any]] = mapped_column(JSON, default=list)
     error: Mapped[str | None] = mapped_column(Text)
-    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    lease_owner: Mapped[str | None] = mapped_column(String(200))
-    lease_expires_at: Mapped[datetime | None]
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
@@ -252,7 +261,7 @@ class Schedule(Base):
     created_at: Mapped[datetime]
 
 
-class Sweep(Base):
+class Sweep(LeaseColumns, Base):
     """A client sweep of a target (issue 16): the workload at increasing client counts.
 
     It changes no configuration, so there is nothing to restore; it holds its target like
@@ -278,9 +287,6 @@ class Sweep(Base):
     best_clients: Mapped[int | None] = mapped_column(Integer)
     best_tps: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
-    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    lease_owner: Mapped[str | None] = mapped_column(String(200))
-    lease_expires_at: Mapped[datetime | None]
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     heartbeat_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
@@ -318,7 +324,7 @@ class Apply(Base):
     rolled_back_at: Mapped[datetime | None]
 
 
-class Capture(Base):
+class Capture(LeaseColumns, Base):
     """A captured workload (issue 28): a target's statement log, or an imported one.
 
     A live capture is background work under a lease like a sweep (app/captures/runner.py):
@@ -369,9 +375,6 @@ class Capture(Base):
     truncated: Mapped[bool] = mapped_column(Boolean, default=False)
     notes: Mapped[list[Any]] = mapped_column(JSON, default=list)
     error: Mapped[str | None] = mapped_column(Text)
-    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    lease_owner: Mapped[str | None] = mapped_column(String(200))
-    lease_expires_at: Mapped[datetime | None]
     heartbeat_at: Mapped[datetime | None]
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime]
@@ -390,7 +393,7 @@ class SecretKey(Base):
     first_used_at: Mapped[datetime]
 
 
-class Comparison(Base):
+class Comparison(LeaseColumns, Base):
     """An independent comparison of named configs on a target (``knobtune compare``).
 
     Interleaved rounds: every config once per round, in an order shuffled per round from
@@ -433,9 +436,6 @@ class Comparison(Base):
     notes: Mapped[list[Any]] = mapped_column(JSON, default=list)
     restored: Mapped[bool | None] = mapped_column(Boolean)
     error: Mapped[str | None] = mapped_column(Text)
-    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    lease_owner: Mapped[str | None] = mapped_column(String(200))
-    lease_expires_at: Mapped[datetime | None]
     heartbeat_at: Mapped[datetime | None]
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime]

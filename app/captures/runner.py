@@ -40,7 +40,7 @@ from psycopg.rows import TupleRow
 from app.captures import store
 from app.captures import summary as summaries
 from app.db import Database, utcnow
-from app.lease import Heartbeat, LeaseLost, write_leased
+from app.lease import Heartbeat, LeasedRunner, LeaseLost
 from app.models import Capture, Target
 from app.postgres.connect import connect_target
 from app.postgres.dsn import scrub
@@ -74,45 +74,26 @@ class CaptureFailed(Exception):
     """The capture cannot go on; the message says why (no statement text in it)."""
 
 
-class CaptureRunner:
+class CaptureRunner(LeasedRunner[Capture]):
     """Runs one claimed capture in this process: heartbeat, cancel, always restore, resume."""
 
     def __init__(self, db: Database, settings: Settings, capture_id: int, owner: str) -> None:
-        self.db, self.settings, self.capture_id, self.owner = db, settings, capture_id, owner
-        self.phase = "starting"
+        super().__init__(db, Capture, capture_id, owner, settings.lease_seconds)
+        self.settings, self.capture_id = settings, capture_id
         self.notes: list[str] = []
 
-    # -- lease-guarded writes -------------------------------------------------------------
-    def _write(self, **values: Any) -> None:
-        write_leased(self.db, Capture, self.capture_id, self.owner, **values)
-
-    def _finish(self, status: str, **values: Any) -> None:
+    def finish(self, status: str, **values: Any) -> None:
+        """As LeasedRunner's, with this run's notes after the row's."""
         with self.db.session() as s:
             cap = s.get(Capture, self.capture_id)
             notes = list(cap.notes or []) if cap is not None else []
-        self._write(
-            status=status,
-            phase=status,
-            finished_at=utcnow(),
-            lease_owner=None,
-            lease_expires_at=None,
-            notes=notes + self.notes,
-            **values,
-        )
+        super().finish(status, notes=notes + self.notes, **values)
 
-    # -- the job --------------------------------------------------------------------------
-    def run(self) -> None:
-        with contextlib.suppress(LeaseLost):
-            self._run()
-
+    # -- the job (LeasedRunner.run) -------------------------------------------------------
     def _run(self) -> None:
         with self.db.session() as s:
-            cap = s.get(Capture, self.capture_id)
-            if (
-                cap is None
-                or cap.lease_owner != self.owner
-                or cap.status not in ("queued", "running")
-            ):
+            cap = self.held(s)
+            if cap is None:
                 return
             target = s.get(Target, cap.target_id) if cap.target_id is not None else None
             dsn = target.dsn if target is not None else None
@@ -122,23 +103,14 @@ class CaptureRunner:
             resumed = cap.attempts > 0 and snapshot is not None
             cancel = cap.cancel_requested
         if dsn is None:
-            self._finish("failed", error="its target was deleted: nothing was captured")
+            self.finish("failed", error="its target was deleted: nothing was captured")
             return
         if cancel and snapshot is None:
             self.notes.append("cancelled before it started: nothing was changed")
-            self._finish("cancelled")
+            self.finish("cancelled")
             return
-        now = utcnow()
-        self._write(
-            status="running",
-            phase="resuming" if resumed else "starting",
-            heartbeat_at=now,
-            attempts=Capture.attempts + 1,
-            **({} if resumed else {"started_at": now}),
-        )
-        hb = Heartbeat(self.db, Capture, self.capture_id, self.owner, self.settings.lease_seconds)
-        hb.publish = lambda at: {"heartbeat_at": at, "phase": self.phase}
-        with hb:
+        self.start(resumed=resumed)
+        with self.heartbeat() as hb:
             if resumed:
                 assert snapshot is not None
                 self._resume(hb, dsn, database, snapshot, collect)
@@ -153,10 +125,10 @@ class CaptureRunner:
             with _connect(dsn) as conn:
                 problems = access_problems(conn, database=database)
         except CaptureFailed as exc:
-            self._finish("failed", error=f"{exc}; nothing was changed")
+            self.finish("failed", error=f"{exc}; nothing was changed")
             return
         if problems:
-            self._finish(
+            self.finish(
                 "failed",
                 error="the target can no longer be captured: "
                 + "; ".join(problems)
@@ -166,10 +138,10 @@ class CaptureRunner:
         try:
             snapshot = ctl.snapshot(LOGGING_SETTINGS)
         except (TargetError, psycopg.Error) as exc:
-            self._finish("failed", error=f"{_said(exc, dsn)}; nothing was changed")
+            self.finish("failed", error=f"{_said(exc, dsn)}; nothing was changed")
             return
         # committed before the first ALTER SYSTEM: a crash from here on is put back
-        self._write(snapshot=snapshot.to_json(), phase="turning statement logging on")
+        self.write(snapshot=snapshot.to_json(), phase="turning statement logging on")
         reader: LogReader | None = None
         stop = "done"
         until: tuple[str, datetime] | None = None
@@ -199,7 +171,7 @@ class CaptureRunner:
                         collect["pgss_note"] = before
                     else:
                         collect["pgss_before"] = {str(k): list(v) for k, v in before[0].items()}
-                    self._write(collect=collect)
+                    self.write(collect=collect)
                     t0 = time.monotonic()
                     stop = self._wait(hb, reader, log_conn, seconds, t0)
                     until = clock(log_conn)
@@ -218,7 +190,7 @@ class CaptureRunner:
             else:  # its message might quote the log: the type only, here and in the log
                 log.error("capture %s failed: %s", self.capture_id, type(exc).__name__)
                 said = f"internal error ({type(exc).__name__})"
-            self._finish("failed", error=f"{said}; {restored}")
+            self.finish("failed", error=f"{said}; {restored}")
             return
         if hb.lost.is_set():
             raise LeaseLost
@@ -324,17 +296,17 @@ class CaptureRunner:
             raise LeaseLost
         at = _hhmm(utcnow())
         if restored != RESTORED:
-            self._finish("failed", error=f"the service stopped during the capture; {restored}")
+            self.finish("failed", error=f"the service stopped during the capture; {restored}")
             return
         if collect is None or "start" not in collect:
-            self._finish(
+            self.finish(
                 "failed",
                 error=f"the service stopped before the capture's window began; logging "
                 f"restored at {at} UTC; nothing was captured",
             )
             return
         if until is None:
-            self._finish(
+            self.finish(
                 "failed",
                 error=f"the service stopped during the capture; logging restored at {at} UTC; "
                 "the target could not be reached before that, so the capture's window is "
@@ -376,7 +348,7 @@ class CaptureRunner:
                 reader.own_sessions.add(session_id(conn))
                 reader.poll(conn, until=until[0], final=True)
         except (CaptureFailed, LogAccessError, psycopg.Error) as exc:
-            self._finish(
+            self.finish(
                 "failed",
                 error=f"the log could not be read ({_said(exc, dsn)})"
                 + ("; the logging settings were restored" if ok else ""),
@@ -404,7 +376,7 @@ class CaptureRunner:
         error = None
         if not ok:  # the log is kept, but the failure to restore must stand out
             status, error = "failed", next(n for n in self.notes if "could NOT" in n)
-        self._finish(
+        self.finish(
             status or "succeeded",
             error=error,
             summary=result,

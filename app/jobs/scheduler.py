@@ -25,8 +25,10 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -38,7 +40,7 @@ from app.captures.runner import CaptureRunner
 from app.compare.runner import ComparisonRunner
 from app.db import Database, changed_rows, utcnow
 from app.errors import ServiceError, errors_text
-from app.lease import forget_owner, stop_owned
+from app.lease import Leased, forget_owner, stop_owned
 from app.models import ACTIVE_STATUSES, Capture, Comparison, Schedule, Sweep, TuningSession
 from app.sessions.crashes import session_crashed
 from app.sessions.runner import RunEnv, SessionRunner
@@ -52,17 +54,53 @@ log = logging.getLogger(__name__)
 
 LEADER_LOCK_KEY = 0x6B6E6F62  # 'knob': the advisory lock id of the trigger leader
 
-Kind = Literal["session", "sweep", "capture", "comparison"]
-Model = type[TuningSession] | type[Sweep] | type[Capture] | type[Comparison]
-_MODELS: dict[Kind, Model] = {
-    "session": TuningSession,
-    "sweep": Sweep,
-    "capture": Capture,
-    "comparison": Comparison,
+Kind = str  # a key of KINDS: "session", "sweep", "capture", "comparison"
+
+
+class Runner(Protocol):
+    def run(self) -> None: ...
+
+
+# a runner of one claimed row: (db, settings, row id, owner, the sessions' world)
+RunnerFactory = Callable[[Database, Settings, int, str, RunEnv | None], Runner]
+# after a runner raised: (db, settings, row id, owner, the exception, the sessions' world)
+CrashHandler = Callable[[Database, Settings, int, str, Exception, RunEnv | None], None]
+
+
+@dataclass(frozen=True)
+class LeasedKind:
+    """One kind of leased background work: its table and how a claimed row is run."""
+
+    model: Leased
+    runner: RunnerFactory
+    # the limit it counts against, and the APScheduler executor it runs on: "default",
+    # max_parallel_sessions (it loads its target's host with benchmarks), or "captures",
+    # max_parallel_captures on threads of their own
+    pool: Literal["default", "captures"] = "default"
+    crashed: CrashHandler | None = None  # None: the crash is logged only
+
+
+def _session_crashed(
+    db: Database, settings: Settings, row_id: int, owner: str, exc: Exception, env: RunEnv | None
+) -> None:
+    # counted: retried a few times, then failed (no loop)
+    session_crashed(db, settings, row_id, owner, exc, (env or RunEnv()).target)
+
+
+# Every kind of leased work: adding a kind is one entry.
+KINDS: dict[Kind, LeasedKind] = {
+    "session": LeasedKind(TuningSession, SessionRunner, crashed=_session_crashed),
+    "sweep": LeasedKind(Sweep, lambda db, st, i, owner, _env: SweepRunner(db, st, i, owner)),
+    "capture": LeasedKind(
+        Capture, lambda db, st, i, owner, _env: CaptureRunner(db, st, i, owner), pool="captures"
+    ),
+    "comparison": LeasedKind(
+        Comparison, lambda db, st, i, owner, _env: ComparisonRunner(db, st, i, owner)
+    ),
 }
 # share max_parallel_sessions: each loads its target's host with benchmarks
-BENCHMARKS: tuple[Kind, ...] = ("session", "sweep", "comparison")
-CAPTURES: tuple[Kind, ...] = ("capture",)  # max_parallel_captures, threads of their own
+BENCHMARKS: tuple[Kind, ...] = tuple(k for k, j in KINDS.items() if j.pool == "default")
+CAPTURES: tuple[Kind, ...] = tuple(k for k, j in KINDS.items() if j.pool == "captures")
 
 
 class Scheduler:
@@ -79,9 +117,7 @@ class Scheduler:
             timezone="UTC",
         )
         self._running: set[tuple[Kind, int]] = set()
-        self.claimed_sweeps: list[int] = []  # the sweeps the last claim() took
-        self.claimed_captures: list[int] = []  # the captures the last claim() took
-        self.claimed_comparisons: list[int] = []  # the comparisons the last claim() took
+        self.claimed: dict[Kind, list[int]] = {}  # what the last claim() took, by kind
         self._lock = threading.Lock()
         self._runs = 0  # runs handed to APScheduler, for their job ids
         self._claiming = threading.Lock()  # one claim at a time: capacity is counted once
@@ -117,7 +153,8 @@ class Scheduler:
         if stuck:
             log.warning("still running after %.0f s of grace: %s", grace_s, sorted(stuck))
         with contextlib.suppress(Exception), self.db.session() as s:  # the DB may be away
-            for kind, m in _MODELS.items():
+            for kind, job in KINDS.items():
+                m = job.model
                 ids = [i for k, i in stuck if k == kind]
                 s.execute(
                     update(m)
@@ -137,22 +174,36 @@ class Scheduler:
         with self._lock:
             return set(self._running)
 
+    def running_of(self, kind: Kind) -> set[int]:
+        """The rows of ``kind`` this process is driving."""
+        with self._lock:
+            return {i for k, i in self._running if k == kind}
+
     def running(self) -> set[int]:
         """The sessions this process is driving."""
-        with self._lock:
-            return {i for kind, i in self._running if kind == "session"}
+        return self.running_of("session")
 
     def running_sweeps(self) -> set[int]:
-        with self._lock:
-            return {i for kind, i in self._running if kind == "sweep"}
+        return self.running_of("sweep")
 
     def running_captures(self) -> set[int]:
-        with self._lock:
-            return {i for kind, i in self._running if kind == "capture"}
+        return self.running_of("capture")
 
     def running_comparisons(self) -> set[int]:
-        with self._lock:
-            return {i for kind, i in self._running if kind == "comparison"}
+        return self.running_of("comparison")
+
+    @property
+    def claimed_sweeps(self) -> list[int]:
+        """The sweeps the last claim() took."""
+        return self.claimed.get("sweep", [])
+
+    @property
+    def claimed_captures(self) -> list[int]:
+        return self.claimed.get("capture", [])
+
+    @property
+    def claimed_comparisons(self) -> list[int]:
+        return self.claimed.get("comparison", [])
 
     def wake(self) -> None:
         """Claim now rather than at the next poll (a sweep was just asked for)."""
@@ -165,16 +216,13 @@ class Scheduler:
 
         Sessions, sweeps and comparisons alike, oldest first, up to max_parallel_sessions;
         captures up to max_parallel_captures. Returns the ids of the claimed sessions
-        (``claimed_sweeps``, ``claimed_comparisons`` and ``claimed_captures`` have the
-        others').
+        (``claimed`` has every kind's, ``claimed_sweeps`` and the like the others').
         """
         with self._claiming:
             claimed = self._claim(BENCHMARKS, self.settings.max_parallel_sessions)
             claimed += self._claim(CAPTURES, self.settings.max_parallel_captures)
-        self.claimed_sweeps = [i for kind, i in claimed if kind == "sweep"]
-        self.claimed_captures = [i for kind, i in claimed if kind == "capture"]
-        self.claimed_comparisons = [i for kind, i in claimed if kind == "comparison"]
-        return [i for kind, i in claimed if kind == "session"]
+        self.claimed = {kind: [i for k, i in claimed if k == kind] for kind in KINDS}
+        return self.claimed["session"]
 
     def _claim(self, kinds: tuple[Kind, ...], capacity: int) -> list[tuple[Kind, int]]:
         with self._lock:
@@ -187,7 +235,7 @@ class Scheduler:
         with self.db.session() as s:
             offers: list[tuple[datetime, Kind, int]] = []
             for kind in kinds:
-                m = _MODELS[kind]
+                m = KINDS[kind].model
                 rows = s.execute(
                     select(m.created_at, m.id)
                     .where(m.status.in_(ACTIVE_STATUSES), _lease_free(m, now))
@@ -199,7 +247,7 @@ class Scheduler:
                 # is not handed out again
                 offers += [(at, kind, i) for at, i in rows if (kind, i) not in busy]
             for _at, kind, i in sorted(offers)[:free]:
-                m = _MODELS[kind]
+                m = KINDS[kind].model
                 # Guarded update: only one process can move a free lease to itself, and
                 # not onto a row cancelled since the select.
                 n = changed_rows(
@@ -228,25 +276,18 @@ class Scheduler:
                 args=[kind, i],
                 id=f"{kind}-{i}-run{run_id}",
                 misfire_grace_time=None,
-                executor="captures" if kind in CAPTURES else "default",
+                executor=KINDS[kind].pool,
             )
         return claimed
 
     def _run(self, kind: Kind, row_id: int) -> None:
+        job = KINDS[kind]
         try:
-            if kind == "session":
-                SessionRunner(self.db, self.settings, row_id, self.owner, self.env).run()
-            elif kind == "sweep":
-                SweepRunner(self.db, self.settings, row_id, self.owner).run()
-            elif kind == "comparison":
-                ComparisonRunner(self.db, self.settings, row_id, self.owner).run()
-            else:
-                CaptureRunner(self.db, self.settings, row_id, self.owner).run()
+            job.runner(self.db, self.settings, row_id, self.owner, self.env).run()
         except Exception as exc:
             log.exception("runner of %s %s crashed", kind, row_id)
-            if kind == "session":  # counted: retried a few times, then failed (no loop)
-                env = self.env or RunEnv()
-                session_crashed(self.db, self.settings, row_id, self.owner, exc, env.target)
+            if job.crashed is not None:
+                job.crashed(self.db, self.settings, row_id, self.owner, exc, self.env)
         finally:
             with self._lock:
                 self._running.discard((kind, row_id))
@@ -329,5 +370,5 @@ class Scheduler:
         log.info("schedule %s fired: %s", schedule_id, result)
 
 
-def _lease_free(m: Model, now: datetime) -> Any:
+def _lease_free(m: Leased, now: datetime) -> Any:
     return or_(m.lease_expires_at.is_(None), m.lease_expires_at < now)

@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from pydantic import ValidationError
 
-from app.db import Database, utcnow
+from app.db import Database
 from app.errors import errors_text
-from app.lease import Heartbeat, LeaseLost, write_leased
+from app.lease import LeasedRunner, LeaseLost
 from app.models import Sweep, Target
 from app.postgres.benchlock import lock_for
 from app.postgres.dsn import scrub
@@ -34,18 +33,15 @@ from app.sweeps.schemas import SweepIn
 log = logging.getLogger(__name__)
 
 
-class SweepRunner:
+class SweepRunner(LeasedRunner[Sweep]):
     """Runs one claimed sweep in this process: heartbeat, cancel, persisted runs, resume."""
 
     def __init__(self, db: Database, settings: Settings, sweep_id: int, owner: str) -> None:
-        self.db, self.settings, self.sweep_id, self.owner = db, settings, sweep_id, owner
-        self.phase = "starting"
+        super().__init__(db, Sweep, sweep_id, owner, settings.lease_seconds)
+        self.settings, self.sweep_id = settings, sweep_id
         self.app_name = f"knobtune-sweep-{sweep_id}"
 
     # -- lease-guarded writes -------------------------------------------------------------
-    def _write(self, **values: Any) -> None:
-        write_leased(self.db, Sweep, self.sweep_id, self.owner, **values)
-
     def _on_run(self, rec: dict[str, Any]) -> None:
         with self.db.session() as s:
             sw = s.get(Sweep, self.sweep_id, with_for_update=True)
@@ -56,25 +52,11 @@ class SweepRunner:
     def _on_phase(self, phase: str) -> None:
         self.phase = phase
 
-    def _finish(self, status: str, **values: Any) -> None:
-        self._write(
-            status=status,
-            phase=status,
-            finished_at=utcnow(),
-            lease_owner=None,
-            lease_expires_at=None,
-            **values,
-        )
-
-    # -- the job --------------------------------------------------------------------------
-    def run(self) -> None:
-        with contextlib.suppress(LeaseLost):
-            self._run()
-
+    # -- the job (LeasedRunner.run) -------------------------------------------------------
     def _run(self) -> None:
         with self.db.session() as s:
-            sw = s.get(Sweep, self.sweep_id)
-            if sw is None or sw.lease_owner != self.owner or sw.status not in ("queued", "running"):
+            sw = self.held(s)
+            if sw is None:
                 return
             target = s.get(Target, sw.target_id)
             assert target is not None
@@ -82,33 +64,19 @@ class SweepRunner:
             try:
                 body = SweepIn.model_validate(sw.request)  # today's checks (scripts' \shell)
             except ValidationError as exc:
-                sw.status = sw.phase = "failed"
-                sw.finished_at = utcnow()
-                sw.lease_owner, sw.lease_expires_at = None, None
-                sw.error = f"the stored request is refused: {errors_text(exc)}; nothing was run"
+                refused = f"the stored request is refused: {errors_text(exc)}; nothing was run"
+                self.end_loaded(sw, "failed", refused)
                 return
             done = list(sw.runs or [])
             resumed = sw.attempts > 0
             cancel = sw.cancel_requested
         if cancel:
-            self._finish("cancelled")
+            self.finish("cancelled")
             return
-        now = utcnow()
-        self._write(
-            status="running",
-            phase="resuming" if resumed else "starting",
-            heartbeat_at=now,
-            attempts=Sweep.attempts + 1,
-            **({} if resumed else {"started_at": now}),
-        )
+        self.start(resumed=resumed)
         if resumed:
             self._end_orphans(dsn)
-        hb = Heartbeat(self.db, Sweep, self.sweep_id, self.owner, self.settings.lease_seconds)
-
-        def publish(at: datetime) -> dict[str, Any]:
-            return {"heartbeat_at": at, "phase": self.phase}
-
-        hb.publish = publish
+        hb = self.heartbeat()
         # absolute: pgbench runs inside its run directory and is given log paths under it
         workdir = (Path(self.settings.work_dir) / "sweeps" / str(self.sweep_id)).resolve()
         try:
@@ -134,7 +102,7 @@ class SweepRunner:
             if hb.lost.is_set():  # the process that took it over finishes the sweep
                 raise LeaseLost
         except SweepError as exc:
-            self._finish("failed", error=scrub(str(exc), dsn))
+            self.finish("failed", error=scrub(str(exc), dsn))
             return
         except LeaseLost:
             raise
@@ -142,7 +110,7 @@ class SweepRunner:
             if hb.lost.is_set():
                 raise LeaseLost from None
             log.exception("sweep %s crashed", self.sweep_id)
-            self._finish("failed", error=scrub(f"internal error: {exc}", dsn))
+            self.finish("failed", error=scrub(f"internal error: {exc}", dsn))
             return
         finally:
             with contextlib.suppress(OSError):
@@ -156,7 +124,7 @@ class SweepRunner:
             error = "no run succeeded" + (f"; the first said: {errors[0]}" if errors else "")
         if resumed and status == "succeeded":
             result["resumed"] = True  # the runs before the crash are part of it
-        self._finish(
+        self.finish(
             status,
             error=error,
             result=result,
