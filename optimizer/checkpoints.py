@@ -178,6 +178,8 @@ def set_aside(
     if cycle <= window_s:
         return None
     runs = f"{duration_text(window_s)} runs"
+    if (why := idle(incumbent, wal_rate)) is not None:
+        return f"{knob} not judged: {why}"  # not "give duration_s": no length would show it
     if math.isinf(cycle):
         return (
             f"{knob} not judged: the runs wrote no WAL, so no checkpoint comes and "

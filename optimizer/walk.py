@@ -103,11 +103,9 @@ def long_phase(s: State) -> _Walk:
     if idle is not None:
         # a timed cycle writes under a WAL segment: no candidate can change anything, and
         # the long runs would only spend the budget
-        note = f"; {idle}"
         for n in names:
-            s.set_aside[n] += note
-            s.excluded[n] = s.set_aside[n]
-        s.phases.append(f"long runs not started: {what}{note}")
+            s.set_aside[n] = s.excluded[n] = f"{n} not judged: {idle}"
+        s.phases.append(f"long runs not started: {what}; {idle}")
         return
     short = s.budget.run_s
     s.budget.run_s = window
