@@ -23,7 +23,9 @@ checkpoints"). At a measured WAL rate R (bytes/s) the cycle is therefore::
     cycle = min(checkpoint_timeout, max_wal_size / ((1 + checkpoint_completion_target) * R))
 
 A timed checkpoint is skipped when no WAL was written since the last one, so at R = 0 no
-checkpoint comes at all.
+checkpoint comes at all. At a rate so low that a whole timed cycle writes less than one WAL
+segment (a read-only workload: 25 B/s writes 7.3 kB in 5 min) these knobs have nothing to
+act on, and runs of any length cannot show them (:func:`idle`).
 
 Pure: the app supplies the WAL rate from the run's counters (optimizer/counters.py).
 """
@@ -72,8 +74,21 @@ _INPUTS = {
     "checkpoint_completion_target": Knob(
         "checkpoint_completion_target", "real", None, -math.inf, math.inf, "0.9"
     ),
+    # fixed at initdb (--wal-segsize); SHOW prints it as "16MB", pg_settings in bytes
+    "wal_segment_size": Knob("wal_segment_size", "integer", "B", -math.inf, math.inf, "16MB"),
 }
 MB = 1024.0 * 1024.0
+
+IDLE_CYCLE_SEGMENTS = 1.0
+"""A timed checkpoint cycle (checkpoint_timeout at the measured WAL rate) that writes less
+WAL than this many segments gives the checkpoint knobs nothing to act on: they get no long
+runs. WAL is allocated, recycled and removed in whole segments (max_wal_size and
+min_wal_size count them), so with less than one per cycle no value of either triggers,
+recycles or saves anything and every checkpoint is timed. With full_page_writes a page's
+first change after a checkpoint writes its image to WAL, so such a cycle dirties on the
+order of 16 MB / 8 kB = 2048 pages: too few for how a checkpoint spreads its writes or how
+the bgwriter cleans ahead to show in throughput. (A select-only session measured 25 B/s of
+WAL, 7.3 kB per 5-minute cycle, and planned about 75 min of 5-minute runs for them.)"""
 
 
 def _value(config: Mapping[str, str], name: str) -> float:
@@ -103,6 +118,29 @@ def cycle_seconds(config: Mapping[str, str], wal_rate: float) -> float:
 def timeout_seconds(config: Mapping[str, str]) -> float:
     """checkpoint_timeout of ``config`` in seconds (PostgreSQL's default when absent)."""
     return _value(config, "checkpoint_timeout")
+
+
+def idle(config: Mapping[str, str], wal_rate: float) -> str | None:
+    """Why the checkpoint knobs have nothing to act on at ``wal_rate`` bytes/s, or None.
+
+    A timed cycle of ``config`` (its checkpoint_timeout) writes ``wal_rate`` x timeout
+    bytes of WAL; under :data:`IDLE_CYCLE_SEGMENTS` segments (``config``'s
+    wal_segment_size, 16 MB when absent) the reason, with the figures. None at a rate of
+    0 (no checkpoint comes: :func:`set_aside` says so).
+    """
+    if wal_rate <= 0:
+        return None
+    timeout = timeout_seconds(config)
+    segment = _value(config, "wal_segment_size")
+    cycle_wal = wal_rate * timeout
+    if cycle_wal >= IDLE_CYCLE_SEGMENTS * segment:
+        return None
+    return (
+        f"the latest run wrote {size_text(wal_rate)}/s of WAL: a checkpoint cycle "
+        f"({duration_text(timeout)}) writes {size_text(cycle_wal)}, under one WAL segment "
+        f"({size_text(segment)}), so checkpoint and bgwriter knobs have nothing to act on "
+        "and longer runs would not show them either"
+    )
 
 
 def duration_text(seconds: float) -> str:
@@ -140,6 +178,8 @@ def set_aside(
     if cycle <= window_s:
         return None
     runs = f"{duration_text(window_s)} runs"
+    if (why := idle(incumbent, wal_rate)) is not None:
+        return f"{knob} not judged: {why}"  # not "give duration_s": no length would show it
     if math.isinf(cycle):
         return (
             f"{knob} not judged: the runs wrote no WAL, so no checkpoint comes and "

@@ -83,7 +83,8 @@ def long_phase(s: State) -> _Walk:
     Runs as long as the incumbent's checkpoint_timeout (the longest cycle a candidate
     other than a longer timeout can have), in whole minutes, when the budget holds a few
     of them and a final check of that length; otherwise each note says what budget
-    they need. The
+    they need. Not when a timed cycle at the measured WAL rate writes under a WAL segment
+    (checkpoints.idle: the knobs have nothing to act on); the notes say so. The
     incumbent is measured again at that length (runs of one length are compared only
     with runs of the same length). If nothing is kept the final check goes back to the
     session's own run length.
@@ -97,13 +98,21 @@ def long_phase(s: State) -> _Walk:
     window = float(checkpoints.needed_duration(checkpoints.timeout_seconds(inc)))
     if window <= s.budget.run_s:
         return
+    what = ", ".join(names)
+    idle = checkpoints.idle(inc, s.wal_rate)
+    if idle is not None:
+        # a timed cycle writes under a WAL segment: no candidate can change anything, and
+        # the long runs would only spend the budget
+        for n in names:
+            s.set_aside[n] = s.excluded[n] = f"{n} not judged: {idle}"
+        s.phases.append(f"long runs not started: {what}; {idle}")
+        return
     short = s.budget.run_s
     s.budget.run_s = window
     per_knob = 3  # a candidate run and the incumbent's on each side of it
     need = (len(names) * per_knob + s.settings.final_runs) * window
     # a few long runs, and a final check of at least A B at that length if one is kept
     fits = s.budget.over(per_knob + min(2, s.settings.final_runs))
-    what = ", ".join(names)
     length = checkpoints.duration_text(window)
     if fits is not None:
         s.budget.run_s = short

@@ -9,12 +9,19 @@ from dataclasses import replace
 import numpy as np
 
 from optimizer.catalogue import GB, Hardware, knob_space
-from optimizer.checkpoints import CHECKPOINT_KNOBS, cycle_seconds, needed_duration, set_aside
+from optimizer.checkpoints import (
+    CHECKPOINT_KNOBS,
+    cycle_seconds,
+    idle,
+    needed_duration,
+    set_aside,
+)
 from optimizer.counters import ServerCounters, summary
 from optimizer.descent import CoordinateDescent, Measurement
 from optimizer.order import combine, order_knobs
 from optimizer.render import render_conf
 from optimizer.settings import DescentSettings
+from tests.optimizer.sim import Bench, Noise, oltp_surface
 
 MB = 1024 * 1024
 DEFAULTS = {
@@ -65,6 +72,27 @@ def test_short_runs_set_a_checkpoint_knob_aside_with_the_length_it_needs() -> No
     assert idle.startswith("bgwriter_delay not judged: the runs wrote no WAL")
     assert needed_duration(300, 5) == 305
     assert needed_duration(301, 0) == 360
+
+
+def test_a_cycle_under_one_wal_segment_leaves_the_knobs_nothing_to_act_on() -> None:
+    # a select-only workload: 25 B/s x 300 s = 7.3 kB per timed cycle, under 16 MB
+    assert idle(DEFAULTS, 25.0) == (
+        "the latest run wrote 25 B/s of WAL: a checkpoint cycle (5 min) writes 7.3 kB, "
+        "under one WAL segment (16.0 MB), so checkpoint and bgwriter knobs have nothing "
+        "to act on and longer runs would not show them either"
+    )
+    # 16 MB per cycle is enough: 16 MB / 300 s
+    assert idle(DEFAULTS, 16 * MB / 300) is None
+    assert idle(DEFAULTS, 16 * MB / 300 * 0.99) is not None
+    assert idle(DEFAULTS, 2 * MB) is None
+    # the server's segment size when given (SHOW's text or pg_settings' bytes), and its
+    # checkpoint_timeout: 1 kB/s over 30 min is 1.8 MB, under a 64 MB segment
+    big = {**DEFAULTS, "checkpoint_timeout": "30min", "wal_segment_size": "64MB"}
+    assert idle(big, 1024.0) is not None
+    assert "under one WAL segment (64.0 MB)" in (idle(big, 1024.0) or "")
+    assert idle({**big, "wal_segment_size": str(1024 * 1024)}, 1024.0) is None
+    # no WAL at all is set_aside's own note (no checkpoint comes)
+    assert idle(DEFAULTS, 0.0) is None
 
 
 def test_the_list_holds_the_issues_knobs_and_the_extensions() -> None:
@@ -259,6 +287,64 @@ def test_a_budget_too_small_for_long_runs_says_what_it_needs() -> None:
     assert "runs of 5 min (a checkpoint cycle at the measured WAL rate) for max_wal_size" in note
     assert all(r is None for r in RUN_S[id(opt)])
     assert opt.phases[0].startswith("long runs not started: max_wal_size")
+
+
+def _sim_walk(wal_rate: float) -> tuple[CoordinateDescent, list[float | None], list[str | None]]:
+    """The write-heavy surface on 30 s runs, no time budget (as the session that found
+    the waste), every run reporting ``wal_rate`` bytes/s of WAL."""
+    surface = oltp_surface()
+    bench = Bench(Noise(seconds=30), seed=3)
+    settings = DescentSettings(max_trials=60, run_seconds=30, warmup_seconds=5, max_passes=1)
+    opt = CoordinateDescent(
+        surface.space,
+        surface.start,
+        settings,
+        server={"checkpoint_timeout": "5min", "checkpoint_completion_target": "0.9"},
+    )
+    lengths: list[float | None] = []
+    knobs: list[str | None] = []
+    while (cand := opt.suggest()) is not None:
+        lengths.append(cand.run_s)
+        knobs.append(cand.knob)
+        m = bench.measure(surface.true(cand.config))
+        seconds = cand.run_s or 30
+        counters = ServerCounters(seconds=seconds, wal_bytes=wal_rate * seconds)
+        opt.register(cand, replace(m, counters=counters))
+    return opt, lengths, knobs
+
+
+def test_no_long_runs_when_a_checkpoint_cycle_writes_under_one_wal_segment() -> None:
+    # a read-only workload's 25 B/s: a 5-minute cycle writes 7.3 kB, nothing for the
+    # checkpoint knobs to act on; the long runs (5 min each) would only spend the budget
+    opt, lengths, seen = _sim_walk(25.0)
+    assert all(r is None for r in lengths)  # not one long run
+    knobs = {"max_wal_size", "checkpoint_timeout", "checkpoint_completion_target"}
+    assert set(opt.set_aside) == knobs
+    why = (
+        "the latest run wrote 25 B/s of WAL: a checkpoint cycle (5 min) writes 7.3 kB, "
+        "under one WAL segment (16.0 MB), so checkpoint and bgwriter knobs have nothing to "
+        "act on"
+    )
+    for n in knobs:
+        assert opt.set_aside[n].startswith(f"{n} not judged: {why}")
+        assert "give duration_s" not in opt.set_aside[n]  # no run length would show it
+        assert n not in seen  # not one run spent on them
+    assert any(p.startswith("long runs not started: ") and why in p for p in opt.phases)
+    rec = opt.recommendation()
+    note = next(n for n in rec.notes if n.name == "max_wal_size")
+    assert note.not_judged is not None
+    assert why in note.not_judged
+    assert "no effect" not in render_conf(rec)
+
+
+def test_long_runs_start_as_before_at_an_ordinary_wal_rate() -> None:
+    # 2 MB/s: a checkpoint every 4.5 min (1 GB / 1.9 / 2 MB/s), 600 MB per timed cycle
+    opt, lengths, seen = _sim_walk(2 * MB)
+    assert 300.0 in lengths
+    assert {seen[i] for i, r in enumerate(lengths) if r == 300.0} >= {"max_wal_size"}
+    assert opt.phases[0].startswith("long runs: max_wal_size, ")
+    assert not any("WAL segment" in p for p in opt.phases)
+    assert any(k == "max_wal_size" for _, k, _, _ in opt.verdicts)
 
 
 def test_the_descent_orders_knobs_from_the_baselines_counters() -> None:
