@@ -35,37 +35,42 @@ from app.settings import Settings
 SandboxFactory = Callable[..., Sandbox]
 
 # The slowest modules first, longest first: a worker that picked one up late would
-# otherwise run alone at the end. Each one's time run alone (-n 0, pinned to one CPU that
-# other suites shared) on 2026-11-29; on a full run with four workers they take about twice
-# as long. pyproject.toml's --no-loadscope-reorder keeps this order: by default
-# pytest-xdist hands out the modules with the most tests first (the optimizer's),
+# otherwise run alone at the end. Each one's time in a full run with four workers on this
+# 2-core host (pytest --durations=0 --junitxml, summed per module, 2026-11-29; they take
+# about half of that alone). pyproject.toml's --no-loadscope-reorder keeps this order: by
+# default pytest-xdist hands out the modules with the most tests first (the optimizer's),
 # whatever the collection's order.
 _SLOW_FIRST = (
-    "tests/docs/test_results_captures.py",  # 178 s (the replay fidelity run: 150 s)
-    "tests/app/sweeps/test_sweep.py",  # 137 s
-    "tests/docs/test_results_search_order.py",  # 137 s
-    "tests/docs/test_fresh_copy.py",  # 65-70 s alone, 210 s on a full run (an install)
-    "tests/docs/test_results_commands.py",  # 91-103 s
-    "tests/acceptance/test_service_lifecycle.py",  # 90 s
-    "tests/e2e/test_faults.py",  # 89 s
-    "tests/docs/test_results_duet.py",  # 78 s
-    "tests/acceptance/test_readme.py",  # 73 s
-    "tests/docs/test_cli_commands.py",  # 58-60 s
-    "tests/docs/test_captures.py",  # 59 s
-    "tests/app/runs/test_memory_measured.py",  # 56-58 s
-    "tests/app/sessions/test_builtin_sessions.py",  # 55 s
-    "tests/docs/test_cli_sessions.py",  # 55 s
-    "tests/security/test_restart.py",  # 54-56 s
-    "tests/app/runs/test_guards.py",  # 52 s
-    "tests/docs/test_readme_steps.py",  # 52 s
-    "tests/e2e/test_dashboard.py",  # 51 s
-    "tests/docs/test_results_quality.py",  # 44 s
-    "tests/app/api/test_security.py",  # 40 s
-    "tests/app/api/test_service_api.py",  # 40 s
-    "tests/acceptance/test_cli_user.py",  # 36 s
-    "tests/acceptance/test_two_processes.py",  # 34-35 s
-    "tests/docs/test_results_steady.py",  # 30 s
-    "tests/e2e/test_cli.py",  # 24 s
+    "tests/docs/test_cli_sessions.py",  # 250 s
+    "tests/app/api/test_security.py",  # 241 s (schemathesis: 197 s)
+    "tests/docs/test_results_captures.py",  # 233 s
+    "tests/docs/test_readme_steps.py",  # 200 s
+    "tests/docs/test_results_search_order.py",  # 186 s
+    "tests/docs/test_captures.py",  # 177 s
+    "tests/docs/test_results_commands.py",  # 176 s
+    "tests/e2e/test_faults.py",  # 165 s
+    "tests/docs/test_cli_commands.py",  # 148 s
+    "tests/app/sweeps/test_sweep.py",  # 146 s
+    "tests/docs/test_fresh_copy.py",  # 129 s (an install)
+    "tests/app/sessions/test_builtin_sessions.py",  # 119 s
+    "tests/acceptance/test_service_lifecycle.py",  # 117 s
+    "tests/security/test_restart.py",  # 116 s
+    "tests/docs/test_results_quality.py",  # 112 s
+    "tests/acceptance/test_two_processes.py",  # 103 s
+    "tests/docs/test_compare.py",  # 98 s
+    "tests/acceptance/test_cli_user.py",  # 97 s
+    "tests/app/postgres/test_pg18.py",  # 96 s
+    "tests/e2e/test_cli.py",  # 79 s
+    "tests/app/runs/test_memory_measured.py",  # 77 s
+    "tests/e2e/test_dashboard.py",  # 76 s
+    "tests/acceptance/test_readme.py",  # 74 s
+    "tests/app/runs/test_guards.py",  # 69 s
+    "tests/docs/test_results_duet.py",  # 61 s
+    "tests/e2e/test_cli_profiles.py",  # 56 s
+    "tests/app/api/test_service_api.py",  # 54 s
+    "tests/security/test_bench_role.py",  # 51 s
+    "tests/app/postgres/test_target.py",  # 50 s
+    "tests/docs/test_results_steady.py",  # 47 s
 )
 
 
