@@ -22,7 +22,7 @@ from app.sessions.verdicts import judged_runs
 from app.targets import service as target_svc
 from app.web.index import index_page
 from app.web.render import HEADERS, Form, RenderedPages, page_routers, render_page, shown_on
-from optimizer.objective import chart_axis, in_units, objective_kind
+from optimizer.objective import chart_axis, in_units, lower_is_better, objective_kind
 
 page, post = page_routers()
 
@@ -116,6 +116,7 @@ def _session_ctx(db: Database, session_id: int) -> dict[str, Any]:
             "retired": target.retired_at is not None,
         },
         "trials": verdict_rows(trials, objective),
+        "lower_is_better": lower_is_better(objective),
         "chart": chart,
         "config": config,
         # a failed session offers no download of a config that recommends nothing
