@@ -9,18 +9,17 @@ from typing import Any
 
 import pytest
 
-from app.db import Database, upgrade, utcnow
+from app.db import Database, utcnow
 from app.models import Sweep, Target, TuningSession
 from app.sessions.schemas import SessionIn
 from app.sweeps import auto
 from app.sweeps.service import session_notes
+from tests.app.runs.fake import make_db
 
 
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[Database]:
-    url = f"sqlite:///{tmp_path / 'm.db'}"
-    upgrade(url)
-    d = Database(url)
+    d = make_db(tmp_path)
     yield d
     d.dispose()
 
