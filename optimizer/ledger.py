@@ -154,7 +154,7 @@ class RunLedger:
             return None  # query times need per-transaction evidence
         if not vals or any(not math.isfinite(v) or v < 0 for v in vals):
             return None
-        return run_stat(vals, lower_is_better=kind == "latency_p95")
+        return run_stat(vals, lower_is_better=self.objective.lower_is_better)
 
     def record(self, key: Key, m: Measurement, trial: int, about: str) -> _Run | None:
         """Store a successful run of trial ``trial``; None if it failed or has no evidence.

@@ -27,6 +27,14 @@ OBJECTIVE_WORDS: dict[str, str] = {
     "query_time_total": "query time (total)",
     "latency_mean": "mean latency",
 }
+# each kind as a chooser offers it (the dashboard's session form), in the chooser's order
+CHOICE_WORDS: dict[ObjectiveKind, str] = {
+    "throughput": "throughput",
+    "query_time_geomean": "query time, geometric mean (TPC-H Power)",
+    "query_time_total": "query time, total",
+    "latency_p95": "p95 latency",
+    "latency_mean": "mean latency (a replay's default)",
+}
 # a session chart's axis: what one run's point is
 _AXIS: dict[str, str] = {
     "throughput": "median tps per run",

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from app.cli.shared import Api, CliError
-from app.sessions.verdicts import judged_runs
+from app.sessions.verdicts import moved_verdicts
 from optimizer.objective import in_units, objective_kind
 
 
@@ -122,10 +122,10 @@ def _trial_cells(
     gain = f"{in_units(objective, t['gain']) * 100:+.1f}%" if t["gain"] is not None else ""
     med = t["samples"]["median_tps"]
     verdict = t["verdict"] or ("failed" if t["error"] else "")
-    runs = judged_runs((c["index"], c["role"], c["verdict"]) for c in trials).get(t["index"])
-    if runs and runs[-1] != t["index"]:
+    shown = moved_verdicts((c["index"], c["role"], c["verdict"]) for c in trials).get(t["index"])
+    if shown is not None:
         # decided on an incumbent re-run (C I I): say which candidate it was about
-        about = next(c for c in trials if c["index"] == runs[-1])
+        about = next(c for c in trials if c["index"] == shown)
         verdict += f" {about['knob'] or ''} {about['value'] or ''}".rstrip()
     return [
         str(t["index"]),

@@ -23,7 +23,7 @@ from app.sessions.service import (
     recommendation_base,
 )
 from app.sessions.summary import headline, resolution_note
-from app.sessions.verdicts import judged_runs
+from app.sessions.verdicts import moved_verdicts
 from app.sweeps.service import sweep_header
 from app.targets.service import get_target
 from optimizer import managed
@@ -174,9 +174,8 @@ def _verdict_rows(
     rows: dict[int, list[Any]] = {
         t.index: [_changed_knobs(t, start), t.verdict, t.gain] for t in trials
     }
-    for index, runs in judged_runs((t.index, t.role, t.verdict) for t in trials).items():
-        if runs[-1] != index:  # decided on an incumbent re-run
-            rows[runs[-1]][1:], rows[index][1:] = rows[index][1:], [None, None]
+    for index, shown in moved_verdicts((t.index, t.role, t.verdict) for t in trials).items():
+        rows[shown][1:], rows[index][1:] = rows[index][1:], [None, None]
     return [(k, v, g) for k, v, g in rows.values()]
 
 

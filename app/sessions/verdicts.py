@@ -32,3 +32,11 @@ def judged_runs(trials: Iterable[tuple[int, str, str | None]]) -> dict[int, tupl
                 out[index] = tuple(pending)
             pending = []
     return out
+
+
+def moved_verdicts(trials: Iterable[tuple[int, str, str | None]]) -> dict[int, int]:
+    """(index, role, verdict) of a session's trials in order -> for each verdict decided on
+    an incumbent re-run (C I I), the candidate run that shows it: its evaluation's last.
+    A reader moves the verdict there and lets the re-run name it; every other verdict
+    stands on its own run."""
+    return {i: runs[-1] for i, runs in judged_runs(trials).items() if runs[-1] != i}

@@ -38,6 +38,17 @@ def _sweep_of(wl: Any) -> SweepIn:
     )
 
 
+def jobs_capped_text(result: dict[str, Any]) -> str:
+    """The words for a session's jobs lowered to its knee ("" when they were not)."""
+    capped = result.get("jobs_capped")
+    if not capped:
+        return ""
+    return (
+        f"jobs {capped['from']} lowered to {capped['to']}: the session runs at the knee, "
+        f"{result['knee_clients']} clients, and pgbench runs at most one thread per client"
+    )
+
+
 def auto_clients(
     db: Database,
     session_id: int,
@@ -76,6 +87,10 @@ def auto_clients(
             "clients auto: the client sweep measured nothing"
             + (f" (first error: {errors[0]})" if errors else "")
         )
+    jobs = pgbench_jobs(wl.jobs, knee)
+    if jobs < wl.jobs:
+        result["jobs_capped"] = {"from": wl.jobs, "to": jobs}
+        result["advice"] = [*result.get("advice", []), jobs_capped_text(result)]
     with db.session() as s:
         sess = s.get(TuningSession, session_id)
         assert sess is not None
@@ -95,5 +110,5 @@ def auto_clients(
             finished_at=utcnow(),
         )
         s.add(sw)
-    new_wl = wl.model_copy(update={"clients": knee, "jobs": pgbench_jobs(wl.jobs, knee)})
+    new_wl = wl.model_copy(update={"clients": knee, "jobs": jobs})
     return body.model_copy(update={"workload": new_wl})

@@ -4,25 +4,21 @@ with its runs, points and knee (SweepOut)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
-from app.workloads.schemas import Builtin, ScriptIn
+from app.workloads.schemas import Builtin, PgbenchRunIn
 
 
-class SweepIn(BaseModel):
+class SweepIn(PgbenchRunIn):
     """A client sweep: the workload at increasing client counts (issue 16)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # a workload's fields and rules (PgbenchRunIn), with short runs and whole scales; its
+    # clients are the counts to measure
 
     builtin: Builtin | None = "tpcb-like"
-    builtin_weight: int = Field(default=1, ge=1, le=1000)
-    scripts: list[ScriptIn] | None = Field(default=None, max_length=20)
     scale: int = Field(default=10, ge=1, le=100_000)
-    init: bool = True
-    protocol: Literal["simple", "extended", "prepared"] = "simple"  # as pgbench
-    jobs: int = Field(default=2, ge=1, le=1000, description="pgbench threads, at most clients.")
     clients: list[int] | None = Field(
         default=None,
         min_length=1,
@@ -52,12 +48,7 @@ class SweepIn(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> SweepIn:
-        if self.warmup_s >= self.duration_s:
-            raise ValueError(
-                f"warmup_s ({self.warmup_s}) must be less than duration_s ({self.duration_s})"
-            )
-        if self.builtin is None and not self.scripts:
-            raise ValueError("give a builtin script or at least one SQL script")
+        self._check_run()
         return self
 
 

@@ -16,6 +16,7 @@ from app.errors import ServiceError, to_id
 from app.lease import request_cancel
 from app.models import Sweep, Target, TuningSession
 from app.sessions.schemas import SessionIn
+from app.sweeps.auto import jobs_capped_text
 from app.sweeps.measure import SweepError, plan_counts, server_facts
 from app.sweeps.schemas import SweepIn, SweepOut
 from app.targets.holds import server_holder
@@ -204,6 +205,7 @@ def session_notes(db: Database, session_id: int, body: SessionIn) -> list[str]:
                 f"{r['counts']}, knee {r['knee_clients']} at {r['knee_tps']:.0f} tps, best "
                 f"{r['best_tps']:.0f} tps at {r['best_clients']} clients; the session tunes at "
                 "the knee, where the configuration and not a queue is measured)"
+                + (f"; {capped}" if (capped := jobs_capped_text(r)) else "")
             ]
     return knee_note(sweeps, body)
 

@@ -22,7 +22,7 @@ from app.targets import service as target_svc
 from app.web.render import page_routers, render_page
 from app.workloads.schemas import PGBENCH_DEFAULTS, workload_defaults
 from optimizer.catalogue import CATALOGUE
-from optimizer.objective import DEFAULT_OBJECTIVE
+from optimizer.objective import CHOICE_WORDS, DEFAULT_OBJECTIVE
 
 SESSIONS_SHOWN = 50  # the index lists the newest sessions only: bounded page cost
 
@@ -161,6 +161,7 @@ def index_page(
         "profiles": [(p.name, p.limits.figures(), p.models) for p in PROFILES.values()],
         "knob_names": sorted(CATALOGUE),
         "form_defaults": _form_defaults(),
+        "objective_choices": list(CHOICE_WORDS.items()),
         "estimate": estimate_text(
             _int(form.get("max_trials"), SessionIn.model_fields["max_trials"].default),
             _int(form.get("duration_s"), PGBENCH_DEFAULTS["duration_s"]),

@@ -18,11 +18,11 @@ from app.sessions import apply as apply_svc
 from app.sessions import service as session_svc
 from app.sessions.schemas import ApplyIn, ApplyOut, RollbackIn, SessionIn
 from app.sessions.summary import headline, note_kind
-from app.sessions.verdicts import judged_runs
+from app.sessions.verdicts import moved_verdicts
 from app.targets import service as target_svc
 from app.web.index import index_page
 from app.web.render import HEADERS, Form, RenderedPages, page_routers, render_page, shown_on
-from optimizer.objective import chart_axis, in_units, objective_kind
+from optimizer.objective import chart_axis, in_units, lower_is_better, objective_kind
 
 page, post = page_routers()
 
@@ -116,6 +116,7 @@ def _session_ctx(db: Database, session_id: int) -> dict[str, Any]:
             "retired": target.retired_at is not None,
         },
         "trials": verdict_rows(trials, objective),
+        "lower_is_better": lower_is_better(objective),
         "chart": chart,
         "config": config,
         # a failed session offers no download of a config that recommends nothing
@@ -161,13 +162,11 @@ def verdict_rows(trials: list[dict[str, Any]], objective: str) -> list[dict[str,
         for t in trials
     ]
     by_index = {row["index"]: row for row in rows}
-    for index, runs in judged_runs((t["index"], t["role"], t["verdict"]) for t in trials).items():
-        if runs[-1] != index:  # decided on an incumbent re-run
-            row, last = by_index[index], by_index[runs[-1]]
-            last.update(
-                shown_verdict=row["verdict"], shown_gain=row["gain"], shown_p=row["p_value"]
-            )
-            row.update(shown_verdict=None, shown_gain=None, shown_p=None, decided=last["index"])
+    moved = moved_verdicts((t["index"], t["role"], t["verdict"]) for t in trials)
+    for index, shown in moved.items():
+        row, last = by_index[index], by_index[shown]
+        last.update(shown_verdict=row["verdict"], shown_gain=row["gain"], shown_p=row["p_value"])
+        row.update(shown_verdict=None, shown_gain=None, shown_p=None, decided=shown)
     for row in rows:
         if row["shown_gain"] is not None:
             row["shown_gain"] = in_units(objective, row["shown_gain"])

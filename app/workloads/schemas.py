@@ -1,5 +1,6 @@
 """A workload as a request gives it (WorkloadIn, ScriptIn), each workload's own defaults and
-the rules between its fields; sessions, comparisons and sweeps embed these bodies."""
+the rules between its fields; sessions, comparisons and sweeps embed these bodies. A client
+sweep's body shares a workload's pgbench fields and rules (PgbenchRunIn)."""
 
 from __future__ import annotations
 
@@ -70,9 +71,42 @@ class ScriptIn(BaseModel):
         return v
 
 
-class WorkloadIn(BaseModel):
+PgbenchProtocol = Literal["simple", "extended", "prepared"]
+
+
+class PgbenchRunIn(BaseModel):
+    """What pgbench runs and how, as a session's workload (WorkloadIn) and a client sweep
+    (app/sweeps/schemas.py SweepIn) both give it: the fields they share and their rules,
+    stated once. Each body keeps its own defaults and bounds where they differ (a sweep's
+    runs are short, a workload's defaults are its own) and calls ``_check_run`` when its
+    values are final."""
+
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
+    builtin: AnyBuiltin | None = "tpcb-like"
+    builtin_weight: int = Field(default=1, ge=1, le=1000)
+    scripts: list[ScriptIn] | None = Field(default=None, max_length=20)
+    scale: float = Field(default=10, gt=0, le=100_000)
+    init: bool = True
+    jobs: int = Field(default=2, ge=1, le=1000, description="pgbench threads, at most clients.")
+    duration_s: int = Field(default=60, ge=1, le=86_400)
+    warmup_s: int = Field(default=5, ge=0, le=3600)
+    # pgbench's own default: untyped parameters (`date '1998-12-01' - :d`) work as they
+    # do under plain pgbench; "prepared" is faster but an explicit choice.
+    protocol: PgbenchProtocol = "simple"
+
+    def _check_run(self, *, needs_script: bool = True) -> None:
+        """The rules of any pgbench run: a warm-up shorter than the run, something to run."""
+        if self.warmup_s >= self.duration_s:
+            raise ValueError(
+                f"warmup_s ({self.warmup_s}) must be less than duration_s ({self.duration_s}): "
+                "warm-up seconds are dropped from the samples"
+            )
+        if needs_script and self.builtin is None and not self.scripts:
+            raise ValueError("give a builtin script or at least one SQL script")
+
+
+class WorkloadIn(PgbenchRunIn):
     builtin: AnyBuiltin | None = Field(
         default="tpcb-like",
         description="pgbench's builtin script (tpcb-like, simple-update, select-only), or a "
@@ -84,8 +118,6 @@ class WorkloadIn(BaseModel):
         "(pgbench: 10, 8, 2, 60, 5; tpch: scale factor 1, 1 client in power mode or 2 in "
         "throughput mode, 120 s runs, 10 s warm-up).",
     )
-    builtin_weight: int = Field(default=1, ge=1, le=1000)
-    scripts: list[ScriptIn] | None = Field(default=None, max_length=20)
     scale: float = Field(
         default=10,
         gt=0,
@@ -104,12 +136,6 @@ class WorkloadIn(BaseModel):
         description='"auto": a client sweep first, then tune at its knee (the smallest count '
         "within a few % of the best throughput).",
     )
-    jobs: int = Field(default=2, ge=1, le=1000)
-    duration_s: int = Field(default=60, ge=1, le=86_400)
-    warmup_s: int = Field(default=5, ge=0, le=3600)
-    # pgbench's own default: untyped parameters (`date '1998-12-01' - :d`) work as they
-    # do under plain pgbench; "prepared" is faster but an explicit choice.
-    protocol: Literal["simple", "extended", "prepared"] = "simple"
     rate: float | None = Field(default=None, gt=0, description="Target tps (pgbench -R).")
     isolation: Isolation | None = Field(
         default=None,
@@ -186,13 +212,7 @@ class WorkloadIn(BaseModel):
         if "warmup_s" not in given and "duration_s" in given:
             # a default warm-up never eats a short run the user asked for
             self.warmup_s = min(self.warmup_s, self.duration_s // 4)
-        if self.warmup_s >= self.duration_s:
-            raise ValueError(
-                f"warmup_s ({self.warmup_s}) must be less than duration_s ({self.duration_s}): "
-                "warm-up seconds are dropped from the samples"
-            )
-        if self.builtin is None and not self.scripts and self.replay is None:
-            raise ValueError("give a builtin script or at least one SQL script")
+        self._check_run(needs_script=self.replay is None)
         if self.builtin in BUILTIN_WORKLOADS:
             if self.scripts:
                 raise ValueError(

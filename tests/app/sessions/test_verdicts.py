@@ -9,7 +9,7 @@ from app.chart import _incumbent_steps, _outcomes, points_of
 from app.cli.follow import _trial_cells
 from app.models import Trial
 from app.sessions.export import _verdict_rows
-from app.sessions.verdicts import judged_runs
+from app.sessions.verdicts import judged_runs, moved_verdicts
 from app.web.sessions import verdict_rows
 
 START = {"work_mem": "4MB", "shared_buffers": "128MB", "max_wal_size": "1GB"}
@@ -48,6 +48,8 @@ TRIALS = [
 def test_each_verdict_judged_its_evaluations_candidate_runs() -> None:
     judged = judged_runs((t["index"], t["role"], t["verdict"]) for t in TRIALS)
     assert judged == {6: (3, 5), 7: (7,), 11: (8, 10), 12: (12,)}
+    # the two decided on an incumbent re-run are shown on their last candidate run
+    assert moved_verdicts((t["index"], t["role"], t["verdict"]) for t in TRIALS) == {6: 5, 11: 10}
 
 
 def test_every_reader_shows_a_verdict_on_the_candidate_it_judged() -> None:

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from markupsafe import escape
 
 from app.db import Database, utcnow
 from app.models import Target, Trial, TuningSession
 from app.sessions import service as session_svc
 from optimizer.evidence import ScriptStat, StreamStat
+from optimizer.objective import CHOICE_WORDS, OBJECTIVE_KINDS
 
 NAMES = itertools.count(1)
 
@@ -133,3 +135,21 @@ def test_a_dsn_no_key_opens_reads_the_same_on_every_page(client: TestClient) -> 
     assert "register the target again" in page
     for path in ("/", f"/sessions/{sid}"):
         assert "undecryptable" not in client.get(path).text, path
+
+
+def test_the_objective_words_come_from_the_one_vocabulary(client: TestClient) -> None:
+    """The form offers every kind (optimizer/objective.py) and a time's page reads as one."""
+    assert set(CHOICE_WORDS) == set(OBJECTIVE_KINDS)
+    db: Database = client.app.state.db  # type: ignore[attr-defined]
+    _, time_sid = seed(db, "succeeded", "latency_mean", [5.0])
+    _, tps_sid = seed(db, "succeeded", "throughput", [5.0])
+    page = client.get("/").text  # the form is shown once there is a target
+    for kind, text in CHOICE_WORDS.items():
+        assert f'<option value="{kind}"' in page
+        assert escape(text) in page
+    time_page = client.get(f"/sessions/{time_sid}").text
+    tps_page = client.get(f"/sessions/{tps_sid}").text
+    assert '<th class="num">Change</th>' in time_page
+    assert '<span class="label">Start</span>' not in time_page
+    assert '<th class="num">Gain</th>' in tps_page
+    assert '<span class="label">Start</span>' in tps_page
