@@ -43,7 +43,7 @@ from app.postgres.memory import MemoryMeter
 from app.postgres.pgbench import BenchResult, BenchSpec, run_streams
 from app.postgres.pgbench_output import ProgressSample
 from app.postgres.target import ApplyResult, ConnectError, PoolCounter, TargetError
-from app.tuning import describe, measurement
+from app.sessions.plan import describe, measurement
 from app.workloads.base import Stream, Workload, WorkloadError
 from optimizer.descent import Candidate, Measurement
 from optimizer.evidence import StreamStat

@@ -16,9 +16,9 @@ from app.evidence import bench_spec, per_label, stream_stat
 from app.models import Trial, TuningSession
 from app.postgres.pgbench import init_data, run_streams
 from app.postgres.sandbox import Sandbox
+from app.sessions.plan import session_optimizer
 from app.sessions.schemas import SessionIn
 from app.sessions.store import stored_measurement as _stored_measurement
-from app.tuning import session_optimizer
 from app.workloads.base import Script, Stream
 from optimizer.evidence import ScriptStat, StreamStat
 from tests.helpers import wait_done
