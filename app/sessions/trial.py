@@ -37,7 +37,6 @@ from typing import Any, Protocol
 import psycopg
 
 from app.db import utcnow
-from app.evidence import bench_spec, stream_stat
 from app.postgres.benchlock import BenchTurn, HostBenchLock
 from app.postgres.memory import MemoryMeter
 from app.postgres.pgbench import BenchResult, BenchSpec, run_streams
@@ -45,6 +44,7 @@ from app.postgres.pgbench_output import ProgressSample
 from app.postgres.target import ApplyResult, ConnectError, PoolCounter, TargetError
 from app.sessions.plan import describe, measurement
 from app.workloads.base import Stream, Workload, WorkloadError
+from app.workloads.stream_run import bench_spec, stream_stat
 from optimizer.descent import Candidate, Measurement
 from optimizer.evidence import StreamStat
 from optimizer.guard import (
