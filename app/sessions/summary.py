@@ -12,8 +12,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.chart import readable
 from app.objective import objective_of
+from app.postgres.units import readable
 from app.sessions.stream_stats import streams_from_json
 from optimizer.counters import ServerCounters
 from optimizer.counters import summary as counters_summary
