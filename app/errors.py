@@ -42,6 +42,11 @@ class ServiceError(Exception):
         return self.message
 
 
+class RequestError(ValueError):
+    """A request (a session's, a comparison's) that cannot run as given; the message says
+    what to change."""
+
+
 _ID_MAX = 2**63 - 1  # the metadata DB's integers are 64-bit at most
 
 

@@ -64,11 +64,11 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.chart import final_label, points_of, render_svg  # noqa: E402
 from app.compare.rounds import run_record  # noqa: E402
 from app.postgres.cgroups import PROFILES, Limits  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
+from app.reports.chart import final_label, points_of, render_svg  # noqa: E402
 from app.sessions.trial import TrialExecutor, TrialOutcome  # noqa: E402
 from app.workloads import workload_for  # noqa: E402
 from app.workloads.schemas import BUILTIN_WORKLOADS, WorkloadIn  # noqa: E402

@@ -62,9 +62,9 @@ from app.models import Trial, TuningSession  # noqa: E402
 from app.postgres.sandbox import Sandbox, SandboxError  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
 from app.postgres.units import same_value  # noqa: E402
+from app.sessions.plan import session_optimizer  # noqa: E402
 from app.sessions.schemas import SessionIn  # noqa: E402
 from app.sessions.store import ReplayMismatch, SessionStore  # noqa: E402
-from app.tuning import session_optimizer  # noqa: E402
 from bench.common import run_main  # noqa: E402
 from tests.helpers import ServiceProcess, file_settings  # noqa: E402
 

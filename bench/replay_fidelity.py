@@ -99,7 +99,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.captures.logparse import label_text  # noqa: E402
-from app.evidence import bench_spec  # noqa: E402
 from app.postgres.binaries import find_bindir  # noqa: E402
 from app.postgres.cgroups import Limits  # noqa: E402
 from app.postgres.connect import libpq_env  # noqa: E402
@@ -112,6 +111,7 @@ from app.workloads import set_capture_loader, workload_for  # noqa: E402
 from app.workloads.base import Script, Stream, Workload  # noqa: E402
 from app.workloads.replay import CaptureSource  # noqa: E402
 from app.workloads.schemas import WorkloadIn  # noqa: E402
+from app.workloads.stream_run import bench_spec  # noqa: E402
 from app.workloads.tpcc import Tpcc  # noqa: E402
 from bench.common import (  # noqa: E402
     interleaved,

@@ -25,12 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.captures.logparse import parse_log, plan_bytes, window  # noqa: E402
-from app.evidence import bench_spec  # noqa: E402
 from app.postgres.connect import libpq_env  # noqa: E402
 from app.postgres.pgbench import find_pgbench, run_bench  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.replay.plan import ReplayRun  # noqa: E402
 from app.workloads.base import Script, Stream  # noqa: E402
+from app.workloads.stream_run import bench_spec  # noqa: E402
 from bench.common import run_main  # noqa: E402
 from tests.app.replay.logs import stderr_log  # noqa: E402
 

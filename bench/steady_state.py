@@ -29,8 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.evidence import io_line  # noqa: E402
 from app.postgres.target import TargetController  # noqa: E402
+from app.sessions.summary import io_line  # noqa: E402
 from app.sessions.trial import TrialExecutor  # noqa: E402
 from bench.common import limits_of, load_average, machine, profile_of, run_main  # noqa: E402
 from bench.e2e import WORKLOADS, _workload, make_sandbox, small_workload  # noqa: E402

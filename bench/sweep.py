@@ -29,8 +29,8 @@ from pydantic import ValidationError
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.chart import render_sweep_svg  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
+from app.reports.chart import render_sweep_svg  # noqa: E402
 from app.sweeps.measure import measure  # noqa: E402
 from app.sweeps.schemas import SweepIn  # noqa: E402
 from bench.common import run_main  # noqa: E402

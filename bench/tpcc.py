@@ -2,7 +2,7 @@
 
 For each warehouse count: loads TPC-C (+ the CH tables), prints the load time and the
 database size, then runs the TPC-C mix for ``--seconds`` with ``--clients`` as the runner
-does (:func:`app.evidence.bench_spec`: one pgbench thread) and prints
+does (:func:`app.workloads.stream_run.bench_spec`: one pgbench thread) and prints
 tps of each transaction type, tpmC and the failures; then each CH query once, timed.
 Prints JSON lines. The sandbox runs with its defaults (no tuning).
 
@@ -23,10 +23,10 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.evidence import bench_spec  # noqa: E402
 from app.postgres.pgbench import run_bench  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
 from app.workloads.chbench import QUERIES, Chbench  # noqa: E402
+from app.workloads.stream_run import bench_spec  # noqa: E402
 from app.workloads.tpcc import Tpcc, tpm_c  # noqa: E402
 from bench.common import run_main  # noqa: E402
 

@@ -7,8 +7,8 @@ queries once, in order, with ``--timeout`` seconds as statement_timeout. Prints 
 (null when cancelled) and ``pass_s`` (the default set's sum). Pick the tuning scale from
 ``pass_s``: a run of D seconds holds about D / pass_s power passes. ``--bench D`` then
 runs the power stream through pgbench for D seconds as the runner does
-(:func:`app.evidence.bench_spec`: one script, ``-D n=0``, every transaction logged) and
-adds ``bench``: transactions, passes and mean latency per query label.
+(:func:`app.workloads.stream_run.bench_spec`: one script, ``-D n=0``, every transaction
+logged) and adds ``bench``: transactions, passes and mean latency per query label.
 
     .venv/bin/python bench/tpch_scale.py --scale 1 [--timeout 300] [--bench 60]
 """
@@ -25,13 +25,13 @@ import numpy as np
 import psycopg
 
 # the checkout's packages first: run as a script, bench/ leads sys.path and its
-# optimizer.py would shadow the optimizer package that app.evidence imports
+# optimizer.py would shadow the optimizer package that app.workloads.stream_run imports
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.evidence import bench_spec  # noqa: E402
 from app.postgres.pgbench import run_bench  # noqa: E402
 from app.postgres.sandbox import Sandbox  # noqa: E402
+from app.workloads.stream_run import bench_spec  # noqa: E402
 from app.workloads.tpch import DEFAULT_QUERIES, QUERY_NAMES, Tpch, postgres_query  # noqa: E402
 from bench.common import run_main  # noqa: E402
 

@@ -3,7 +3,7 @@
 Everything about *how* the descent searches and decides lives here: budget, walk, verdict
 and final check. What it searches (the knob space, the start config, hints) is given to
 :class:`~optimizer.descent.CoordinateDescent` beside it. A session builds its settings
-from its request (app/tuning.py); equal settings and equal measurements give the same
+from its request (app/sessions/plan.py); equal settings and equal measurements give the same
 walk, so a resumed session replays into exactly the state it had.
 """
 

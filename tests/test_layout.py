@@ -142,7 +142,7 @@ def test_optimizer_never_imports_app() -> None:
 
 # The edges that speak HTTP; below them, services say what to change in the domain's words
 # (a ServiceError's ``fix``) and app/api/errors.py adds the REST call.
-EDGES = ("app.api", "app.web", "app.cli", "app.main", "app.chart")
+EDGES = ("app.api", "app.web", "app.cli", "app.main", "app.reports")
 
 
 def test_services_never_name_a_rest_path() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import Query, Response
 
 from app.api.deps import DB, Sched, api_router
-from app.chart import render_sweep_svg
+from app.reports.chart import render_sweep_svg
 from app.sweeps import service as sweeps
 from app.sweeps.schemas import SweepIn, SweepOut
 

@@ -465,8 +465,8 @@ def session_files(out: Path, session_id: int) -> list[Path]:
 def write_outputs(api: Api, sess: dict[str, Any], out: Path, *, force: bool) -> list[Path]:
     """The session's config, chart and record into ``out`` (see app/outfiles.py); their
     paths as ``out`` was given."""
-    from app.chart import final_label, points_of, render_svg
     from app.outfiles import OutputRefused, check_dir, check_free
+    from app.reports.chart import final_label, points_of, render_svg
 
     session_id = int(sess["id"])
     paths = session_files(out, session_id)

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.compare.schemas import ConfigIn, session_ref
+from app.errors import RequestError
 from app.postgres.units import same_value
-from app.tuning import RequestError, hardware_from
+from app.targets.probe_data import hardware_from
 from optimizer.catalogue import CATALOGUE, MB, PAGE
 from optimizer.compare import check_config
 from optimizer.heuristic import db_type_for, pgtune

@@ -20,8 +20,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from app.evidence import io_line
 from app.postgres.target import ApplyResult, Snapshot
+from app.sessions.summary import io_line
 from app.sessions.trial import TrialExecutor, TrialHooks, TrialOutcome
 from optimizer.descent import Candidate
 from optimizer.evidence import FLOOR, Objective, run_level, unfinished

@@ -35,7 +35,7 @@ from app.compare.rounds import run_record, run_rounds
 from app.compare.schemas import ComparisonIn
 from app.compare.service import figures, names_of, orders_of
 from app.db import Database, utcnow
-from app.errors import errors_text
+from app.errors import RequestError, errors_text
 from app.lease import Cancelled, Heartbeat, LeaseLost, ShuttingDown, write_leased
 from app.models import Comparison, Target
 from app.objective import objective_of
@@ -47,10 +47,11 @@ from app.sessions.recovery import TargetRecovery
 from app.sessions.trial import TrialExecutor, TrialHooks, TrialOutcome
 from app.settings import Settings
 from app.targets.access import admin_dsn_for
+from app.targets.probe_data import rows_to_json
 from app.targets.service import controller
-from app.tuning import RequestError, kind_for, rows_to_json
 from app.workloads import workload_for
 from app.workloads.base import WorkloadError
+from app.workloads.schemas import kind_for
 from optimizer.catalogue import CATALOGUE
 from optimizer.evidence import Objective
 

@@ -20,7 +20,7 @@ from app.compare.configs import Resolved, check_inline, kind_of, restart_knobs
 from app.compare.rounds import levels_by_config
 from app.compare.schemas import ComparisonIn, ComparisonOut, ConfigIn, session_ref
 from app.db import Database, utcnow
-from app.errors import ServiceError, to_id
+from app.errors import RequestError, ServiceError, to_id
 from app.lease import request_cancel
 from app.models import Comparison, Target, TuningSession
 from app.preflight import PreflightError, check_workload
@@ -29,9 +29,9 @@ from app.sessions.summary import headline
 from app.settings import Settings
 from app.targets.access import restart_for
 from app.targets.holds import server_holder
+from app.targets.probe_data import rows_from_json
 from app.targets.recommend import refuse_if_recommend_only
 from app.targets.service import ensure_server_id
-from app.tuning import RequestError, rows_from_json
 from app.workloads import workload_for
 from app.workloads.base import WorkloadError
 from optimizer.compare import ALPHA, check_config, paired_gain, round_orders, summarize

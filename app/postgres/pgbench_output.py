@@ -4,7 +4,7 @@ Pure text and arrays, no process: app/postgres/pgbench.py runs pgbench and feeds
 Latency percentiles come from pgbench's per-transaction log (``--log``), never from
 averages: the aggregate log only has per-interval sums. The log is kept as arrays
 (:class:`TxLog`: client, transaction number, script, start, latency of every
-transaction) for per-transaction evidence (app/evidence.py).
+transaction) for per-transaction evidence (app/workloads/stream_run.py).
 """
 
 from __future__ import annotations

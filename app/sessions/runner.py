@@ -71,6 +71,7 @@ from app.postgres.dsn import scrub
 from app.postgres.roles import WorkloadRoleError, cannot_check, check_workload_role
 from app.postgres.target import PoolFill, Snapshot, TargetError
 from app.sessions.crashes import CRASH_NOTE
+from app.sessions.plan import session_optimizer
 from app.sessions.recovery import SessionTarget, TargetRecovery
 from app.sessions.schemas import SessionIn
 from app.sessions.store import MetadataUnavailable, SessionStore
@@ -79,8 +80,8 @@ from app.settings import Settings
 from app.sweeps.auto import auto_clients
 from app.sweeps.service import session_notes
 from app.targets.access import admin_dsn_for
+from app.targets.probe_data import rows_to_json
 from app.targets.service import controller
-from app.tuning import rows_to_json, session_optimizer
 from app.workloads import workload_for
 from app.workloads.base import WorkloadError
 from app.workloads.schemas import WorkloadIn

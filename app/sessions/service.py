@@ -11,27 +11,20 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from app.db import Database, utcnow
-from app.errors import ServiceError, to_id
-from app.evidence import figures, io_line, per_label, per_stream, streams_from_json
+from app.errors import RequestError, ServiceError, to_id
 from app.lease import request_cancel
 from app.models import Target, Trial, TuningSession
 from app.postgres import overrides
 from app.postgres.units import same_value
 from app.preflight import PreflightError, check_workload
+from app.sessions.plan import build_space, check_session_budget, check_streams, workload_kind
 from app.sessions.schemas import Progress, SessionIn, SessionOut, TrialOut
-from app.sessions.summary import headline, outcome, resolution_note, run_value, summary
+from app.sessions.stream_stats import figures, per_label, per_stream, streams_from_json
+from app.sessions.summary import headline, io_line, outcome, resolution_note, run_value, summary
 from app.targets.holds import server_holder
+from app.targets.probe_data import hardware_from, rows_from_json
 from app.targets.recommend import refuse_if_recommend_only
 from app.targets.service import ensure_server_id
-from app.tuning import (
-    RequestError,
-    build_space,
-    check_session_budget,
-    check_streams,
-    hardware_from,
-    rows_from_json,
-    workload_kind,
-)
 from app.workloads import workload_for
 from app.workloads.base import WorkloadError
 from optimizer.catalogue import default_knobs, major_version

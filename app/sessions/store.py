@@ -24,11 +24,11 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.db import Database, changed_rows, db_message, transient, utcnow
-from app.evidence import streams_from_json, streams_json
 from app.lease import LeaseLost
 from app.models import Trial, TuningSession
+from app.sessions.plan import measurement
+from app.sessions.stream_stats import streams_from_json, streams_json
 from app.sessions.trial import TrialOutcome
-from app.tuning import measurement
 from optimizer.descent import CoordinateDescent, Measurement
 from optimizer.verdict import Verdict
 

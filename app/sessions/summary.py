@@ -3,7 +3,7 @@
 One sentence per result for the dashboard, the CLI and the API (``SessionOut.summary``),
 and one figure per result in the objective's own units: "query time -34.1%", never
 "+34.1% ... query time -34.1%" (the verdict's gain is "fraction better"; for a time,
-better means lower).
+better means lower). ``io_line``: a trial's server counters in one line.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.chart import readable
-from app.evidence import streams_from_json
 from app.objective import objective_of
+from app.postgres.units import readable
+from app.sessions.stream_stats import streams_from_json
+from optimizer.counters import ServerCounters
+from optimizer.counters import summary as counters_summary
 from optimizer.descent import RESOLUTION
 from optimizer.evidence import FLOOR, run_level
 from optimizer.objective import gain_words, in_units, lower_is_better, objective_kind
@@ -199,3 +201,8 @@ _WARNING_WORDS = (
     "unconfirmed",
     "recommending no change",
 )
+
+
+def io_line(metrics: Mapping[str, Any] | None) -> str | None:
+    """A trial's server counters in one line, as the studies read iostat (None: none)."""
+    return counters_summary(ServerCounters.from_metrics(metrics))

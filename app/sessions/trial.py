@@ -37,14 +37,14 @@ from typing import Any, Protocol
 import psycopg
 
 from app.db import utcnow
-from app.evidence import bench_spec, stream_stat
 from app.postgres.benchlock import BenchTurn, HostBenchLock
 from app.postgres.memory import MemoryMeter
 from app.postgres.pgbench import BenchResult, BenchSpec, run_streams
 from app.postgres.pgbench_output import ProgressSample
 from app.postgres.target import ApplyResult, ConnectError, PoolCounter, TargetError
-from app.tuning import describe, measurement
+from app.sessions.plan import describe, measurement
 from app.workloads.base import Stream, Workload, WorkloadError
+from app.workloads.stream_run import bench_spec, stream_stat
 from optimizer.descent import Candidate, Measurement
 from optimizer.evidence import StreamStat
 from optimizer.guard import (

@@ -51,8 +51,8 @@ from app.settings import Settings
 from app.targets.access import CONFIGURE, controller_for, legacy_note, restart_note
 from app.targets.holds import Holder, busy_error, holder, holders, same_server
 from app.targets.location import sandbox_parent
+from app.targets.probe_data import rows_to_json
 from app.targets.schemas import SandboxIn, SandboxLimitsOut, TargetIn, TargetOut
-from app.tuning import rows_to_json
 from optimizer.catalogue import CATALOGUE
 
 log = logging.getLogger(__name__)

@@ -26,9 +26,9 @@ from pydantic import ValidationError
 
 from app.api.csrf import cross_site_refusal
 from app.api.deps import TOKEN_COOKIE, AppSettings, is_authorized, token_ok
-from app.chart import readable
 from app.errors import ServiceError
 from app.models import ACTIVE_STATUSES
+from app.postgres.units import readable
 from optimizer.render import status_label
 
 HERE = Path(__file__).parent

@@ -11,9 +11,9 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.api.deps import DB
-from app.chart import final_label, points_of, render_svg
 from app.db import Database
 from app.models import ACTIVE_STATUSES
+from app.reports.chart import final_label, points_of, render_svg
 from app.sessions import apply as apply_svc
 from app.sessions import service as session_svc
 from app.sessions.schemas import ApplyIn, ApplyOut, RollbackIn, SessionIn

@@ -6,8 +6,8 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.api.deps import DB, Sched
-from app.chart import render_sweep_svg
 from app.db import Database
+from app.reports.chart import render_sweep_svg
 from app.sweeps import service as sweep_svc
 from app.sweeps.schemas import SweepIn
 from app.targets import service as target_svc

@@ -258,3 +258,17 @@ class WorkloadIn(PgbenchRunIn):
             )
         self.builtin = None
         self.init = False
+
+
+def kind_for(given: str | None, wl: WorkloadIn) -> str:
+    """The workload kind a request gave, else the one its workload is (a session's knob
+    set and hints, a comparison's pgtune)."""
+    if given:
+        return given
+    # TPC-H is analytic; CH-benCHmark runs TPC-C and analytic queries at once; TPC-C is OLTP
+    builtin_kinds = {"tpch": "analytics", "chbench": "mixed", "tpcc": "write-heavy"}
+    if wl.builtin in builtin_kinds:
+        return builtin_kinds[wl.builtin]
+    if wl.scripts or wl.replay is not None:  # a replayed capture: the user's own mix
+        return "mixed"
+    return "read-heavy" if wl.builtin == "select-only" else "write-heavy"

@@ -61,7 +61,7 @@ def run(script: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
 E2E_SMALL = {
     "small": None,
     # with a final check of 2 runs a session needs at least 7 runs of 2 s
-    # (app/tuning.py check_session_budget): 14 s
+    # (app/sessions/plan.py check_session_budget): 14 s
     "final_check_runs": "2",
     "budget_s": "16",
     "duration": "2",

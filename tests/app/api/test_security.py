@@ -33,7 +33,7 @@ from app.postgres.pgbench import BenchSpec, run_bench
 from app.postgres.sandbox import PostgresNotInstalled, Sandbox, free_port
 from app.postgres.target import TargetController
 from app.settings import Settings
-from app.tuning import rows_to_json
+from app.targets.probe_data import rows_to_json
 from optimizer.catalogue import CATALOGUE, Hardware
 from optimizer.knobs import KnobValueError
 from tests.helpers import file_settings, wait_done

@@ -27,7 +27,7 @@ from app.models import Comparison, Target, TuningSession
 from app.postgres.sandbox import Sandbox
 from app.postgres.target import TargetController
 from app.settings import Settings
-from app.tuning import rows_to_json
+from app.targets.probe_data import rows_to_json
 from optimizer.catalogue import CATALOGUE
 from optimizer.compare import round_orders
 from tests.helpers import file_settings

@@ -11,7 +11,7 @@ from app.compare.configs import (
     pgtune_config,
     restart_knobs,
 )
-from app.tuning import RequestError
+from app.errors import RequestError
 from optimizer.knobs import SettingRow
 
 GIB = 2**30

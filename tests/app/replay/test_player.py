@@ -18,12 +18,12 @@ import psycopg
 import pytest
 
 from app.captures.logparse import parse_log, plan_bytes, window
-from app.evidence import bench_spec, stream_stat
 from app.postgres import privilege
 from app.postgres.pgbench import BenchResult, run_bench
 from app.postgres.sandbox import Sandbox
 from app.replay.plan import ReplayRun
 from app.workloads.base import Script, Stream
+from app.workloads.stream_run import bench_spec, stream_stat
 from tests.app.replay.logs import stderr_log
 
 DB = "replay_player"

@@ -29,12 +29,13 @@ from app.db import Database, utcnow
 from app.models import Target, TuningSession
 from app.postgres.pgbench import BenchResult
 from app.postgres.target import ApplyResult, ConnectError, PoolFill, Probe, Snapshot
+from app.sessions.plan import describe, measurement
 from app.sessions.recovery import SessionTarget
 from app.sessions.runner import Executor, ExecutorArgs, RunEnv, SessionRunner
 from app.sessions.schemas import SessionIn
 from app.sessions.trial import TrialOutcome
 from app.settings import Settings
-from app.tuning import describe, measurement, rows_from_json
+from app.targets.probe_data import rows_from_json
 from app.workloads.schemas import WorkloadIn
 from optimizer.descent import Candidate
 from optimizer.knobs import Config

@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 
 from app.models import Trial
+from app.sessions.plan import session_optimizer
 from app.sessions.schemas import SessionIn
 from app.sessions.store import stored_measurement
-from app.tuning import session_optimizer
 
 DATA = Path(__file__).parents[2] / "data" / "c2-small-session.json"
 
@@ -30,7 +30,7 @@ def test_c2s_recorded_runs_keep_the_512mb_pool_despite_the_incumbent_s_scatter()
         cand = opt.suggest()
         assert cand is not None
         # the session ran before a heuristic start held PGTune's other settings too
-        # (app/tuning.py held_knobs): its runs are compared on the knobs it tuned
+        # (app/sessions/plan.py held_knobs): its runs are compared on the knobs it tuned
         tuned = {k: cand.config[k] for k in t["config"]}
         assert (cand.index + 1, tuned) == (t["index"], t["config"])
         fields = {k: t[k] for k in t if k not in ("index", "role", "knob", "value", "config")}

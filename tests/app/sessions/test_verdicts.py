@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.chart import _incumbent_steps, _outcomes, points_of
 from app.cli.follow import _trial_cells
 from app.models import Trial
+from app.reports.chart import _incumbent_steps, _outcomes, points_of
 from app.sessions.export import _verdict_rows
 from app.sessions.verdicts import judged_runs, moved_verdicts
 from app.web.sessions import verdict_rows

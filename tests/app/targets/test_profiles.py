@@ -22,8 +22,8 @@ from app.postgres.cgroups import GIB, MIB, PROFILES, Cgroup
 from app.postgres.sandbox import Sandbox, drop_cgroup
 from app.settings import Settings
 from app.targets.access import controller_for
+from app.targets.probe_data import hardware_from
 from app.targets.sandboxes import start_sandboxes
-from app.tuning import hardware_from
 from optimizer.heuristic import pgtune
 from tests.helpers import assert_in_cgroup, needs_cgroups
 

@@ -11,11 +11,11 @@ import numpy as np
 import psycopg
 import pytest
 
-from app.evidence import bench_spec
 from app.postgres.pgbench import run_bench, run_streams
 from app.postgres.sandbox import Sandbox
 from app.workloads.base import Script, WorkloadError, in_turn_script
 from app.workloads.chbench import QUERIES, Chbench
+from app.workloads.stream_run import bench_spec
 from tests.app.workloads.tpcc_db import ch_template_fixture, copy_of_template, one  # noqa: F401
 
 

@@ -11,7 +11,6 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from app.evidence import bench_spec, stream_stat
 from app.postgres.pgbench import run_bench
 from app.postgres.sandbox import Sandbox
 from app.postgres.target import TargetController
@@ -21,6 +20,7 @@ from app.workloads import set_capture_loader, workload_for
 from app.workloads.base import WorkloadError
 from app.workloads.replay import MARK, CaptureSource, Replay
 from app.workloads.schemas import WorkloadIn
+from app.workloads.stream_run import bench_spec, stream_stat
 from optimizer.descent import Candidate
 from optimizer.evidence import run_level, stream_level
 from tests.app.replay.logs import stderr_log

@@ -12,14 +12,15 @@ from sqlalchemy import select
 
 from app.cli.sessions import evidence_lines
 from app.db import Database
-from app.evidence import bench_spec, per_label, stream_stat
 from app.models import Trial, TuningSession
 from app.postgres.pgbench import init_data, run_streams
 from app.postgres.sandbox import Sandbox
+from app.sessions.plan import session_optimizer
 from app.sessions.schemas import SessionIn
 from app.sessions.store import stored_measurement as _stored_measurement
-from app.tuning import session_optimizer
+from app.sessions.stream_stats import per_label
 from app.workloads.base import Script, Stream
+from app.workloads.stream_run import bench_spec, stream_stat
 from optimizer.evidence import ScriptStat, StreamStat
 from tests.helpers import wait_done
 

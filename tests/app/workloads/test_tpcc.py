@@ -9,10 +9,10 @@ import numpy as np
 import psycopg
 import pytest
 
-from app.evidence import bench_spec
 from app.postgres.pgbench import BenchResult, run_bench
 from app.postgres.sandbox import Sandbox
 from app.workloads.base import Stream, WorkloadError
+from app.workloads.stream_run import bench_spec
 from app.workloads.tpcc import MARKER, TRANSACTION_MIX, Tpcc, loaded_warehouses, tpm_c
 from tests.app.workloads.tpcc_db import TEMPLATE, ch_template_fixture, copy_of_template, one  # noqa: F401
 

@@ -10,10 +10,10 @@ import numpy as np
 import psycopg
 import pytest
 
-from app.evidence import bench_spec
 from app.postgres.pgbench import run_bench
 from app.postgres.sandbox import Sandbox
 from app.workloads.base import Script, Stream, WorkloadError, in_turn_script
+from app.workloads.stream_run import bench_spec
 from app.workloads.tpch import (
     DEFAULT_QUERIES,
     MARKER,

@@ -6,7 +6,7 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from app.chart import _incumbent_steps, final_label, points_of, readable, render_svg
+from app.reports.chart import _incumbent_steps, final_label, points_of, render_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -122,12 +122,3 @@ def test_every_point_is_inside_the_plot_and_labels_stay_clear_of_the_legend() ->
     for t in labels:
         # rotated 55 degrees from its anchor: its lowest point is about len * 5.2 * 0.82 below
         assert float(t.get("y", 0)) + len(t.text or "") * 5.2 * 0.82 < legend_y - 10
-
-
-def test_values_in_the_units_a_dba_writes() -> None:
-    assert readable("6170912kB") == "5.89GB"
-    assert readable("28569kB") == "27.9MB"
-    assert readable("6GB") == "6GB"
-    assert readable("4096kB") == "4MB"
-    assert readable("on") == "on"
-    assert readable("200") == "200"

@@ -16,13 +16,13 @@ a step line, and the final check as its two sides, paired run by run.
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import Any
 
+from app.postgres.units import readable
 from app.sessions.verdicts import judged_runs
 from optimizer.objective import in_units, objective_kind
 
@@ -35,21 +35,6 @@ COLORS = {
 }
 START, BEST = "#2166ac", "#1a9850"  # the final check's two sides
 LABEL_CHARS = 24  # longer knob-path labels are shortened
-_MEMORY = re.compile(r"^(\d+)(kB|MB|GB|TB)$")
-_UNITS = (("TB", 1024**3), ("GB", 1024**2), ("MB", 1024), ("kB", 1))
-
-
-def readable(value: str) -> str:
-    """A memory value in the unit a DBA would write: '6170912kB' -> '5.89GB' (display only)."""
-    m = _MEMORY.match(value)
-    if m is None:
-        return value
-    kb = int(m.group(1)) * dict(_UNITS)[m.group(2)]
-    for unit, size in _UNITS:
-        if kb >= size:
-            n = kb / size
-            return f"{n:.0f}{unit}" if n == int(n) or n >= 100 else f"{n:.3g}{unit}"
-    return value
 
 
 FINAL_WORDS = {

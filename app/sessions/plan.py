@@ -1,4 +1,5 @@
-"""Adapts stored session requests to the optimizer, identically on first run and on resume.
+"""A session's plan: adapts its stored request to the optimizer, the same on first run and
+on resume.
 
 Everything here is deterministic given the stored request, the stored probe
 rows and the stored trials: that is what lets a restarted service rebuild the
@@ -12,9 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from app.errors import RequestError
 from app.objective import objective_of
 from app.sessions.schemas import KnobIn, SessionIn
-from app.workloads.schemas import WorkloadIn
+from app.targets.probe_data import hardware_from, rows_from_json
+from app.workloads.schemas import kind_for
 from optimizer.catalogue import Hardware, default_knobs, knob_space, major_version
 from optimizer.counters import ServerCounters
 from optimizer.descent import Candidate, CoordinateDescent, Measurement
@@ -24,49 +27,8 @@ from optimizer.knobs import Config, Knob, KnobError, KnobValueError, SettingRow,
 from optimizer.settings import BudgetError, DescentSettings, check_budget
 
 
-class RequestError(ValueError):
-    """A session request that cannot run as given; the message says what to change."""
-
-
 def workload_kind(body: SessionIn) -> str:
     return kind_for(body.workload_kind, body.workload)
-
-
-def kind_for(given: str | None, wl: WorkloadIn) -> str:
-    """The workload kind a request gave, else the one its workload is (a session's knob
-    set and hints, a comparison's pgtune)."""
-    if given:
-        return given
-    # TPC-H is analytic; CH-benCHmark runs TPC-C and analytic queries at once; TPC-C is OLTP
-    builtin_kinds = {"tpch": "analytics", "chbench": "mixed", "tpcc": "write-heavy"}
-    if wl.builtin in builtin_kinds:
-        return builtin_kinds[wl.builtin]
-    if wl.scripts or wl.replay is not None:  # a replayed capture: the user's own mix
-        return "mixed"
-    return "read-heavy" if wl.builtin == "select-only" else "write-heavy"
-
-
-def rows_from_json(data: Mapping[str, Any]) -> dict[str, SettingRow]:
-    rows = {}
-    for name, r in data.items():
-        fields = dict(r)
-        if fields.get("enumvals") is not None:
-            fields["enumvals"] = tuple(fields["enumvals"])
-        rows[name] = SettingRow(**fields)
-    return rows
-
-
-def rows_to_json(rows: Mapping[str, SettingRow]) -> dict[str, Any]:
-    return {name: dataclasses.asdict(row) for name, row in rows.items()}
-
-
-def hardware_from(ram_bytes: int | None, cpus: int | None, max_connections: int = 100) -> Hardware:
-    if not ram_bytes or not cpus:
-        raise RequestError(
-            "the target's RAM and CPU count are unknown (it is not on this host): "
-            "register it with ram_bytes and cpus"
-        )
-    return Hardware(ram_bytes=ram_bytes, cpus=cpus, max_connections=max_connections)
 
 
 def build_space(
@@ -395,7 +357,3 @@ def describe(candidate: Candidate) -> str:
     if candidate.knob is None:  # several knobs at once: the PGTune-style hints
         return f"measuring {candidate.value}"
     return f"measuring {candidate.knob}={candidate.value}"
-
-
-def bench_scripts(wl: WorkloadIn) -> list[tuple[str, int]] | None:
-    return [(s.sql, s.weight) for s in wl.scripts] if wl.scripts else None

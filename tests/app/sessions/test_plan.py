@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from app.sessions.schemas import SessionIn
-from app.tuning import (
+from app.sessions.plan import (
     build_space,
     descent_settings,
     describe,
@@ -12,6 +11,7 @@ from app.tuning import (
     outside_bounds_notes,
     start_config,
 )
+from app.sessions.schemas import SessionIn
 from optimizer.catalogue import Hardware
 from optimizer.descent import Measurement
 from optimizer.heuristic import pgtune
@@ -81,7 +81,8 @@ def test_user_bounds_that_leave_out_the_servers_value_keep_it_as_the_start_with_
 
 
 def test_a_heuristic_start_says_which_of_the_servers_values_it_replaces() -> None:
-    from app.tuning import rows_to_json, session_optimizer
+    from app.sessions.plan import session_optimizer
+    from app.targets.probe_data import rows_to_json
 
     body = session(start="heuristic", knobs=["work_mem"])
     row = SettingRow("work_mem", "4096", "kB", "integer", "user", "64", "2147483647")
@@ -125,7 +126,7 @@ OWN = {
 
 
 def _stored() -> dict[str, object]:
-    from app.tuning import rows_to_json
+    from app.targets.probe_data import rows_to_json
 
     return {
         "rows": rows_to_json(ROWS),
@@ -137,7 +138,7 @@ def _stored() -> dict[str, object]:
 def test_a_heuristic_start_holds_the_rest_of_pgtunes_config_in_every_run() -> None:
     """start: heuristic runs PGTune's whole config, not its values for the tuned knobs
     only: the rest is applied with the start and held, so the claim is over PGTune."""
-    from app.tuning import HELD, session_optimizer
+    from app.sessions.plan import HELD, session_optimizer
 
     body = session(start="heuristic", knobs=["work_mem"])
     built = session_optimizer(body, _stored(), 1, can_restart=True)
@@ -169,7 +170,7 @@ def test_a_heuristic_sessions_recommendation_is_its_whole_best_config_against_th
     values as well as what the walk kept, each from the server's own value."""
     from app.models import TuningSession
     from app.sessions.apply import recommended_changes
-    from app.tuning import rows_to_json
+    from app.targets.probe_data import rows_to_json
 
     snapshot = {"rows": rows_to_json(ROWS), "target": {"effective": OWN}}
     start = {"work_mem": "21MB", "random_page_cost": "1.1", "effective_cache_size": "18GB"}
