@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from app.postgres.pgbench import pgbench_jobs
 from app.workloads.base import Workload, WorkloadError
 
 if TYPE_CHECKING:
@@ -52,6 +51,9 @@ def workload_for(
     (before the sweep has run, stream names and scripts are all a caller can use).
     ``admin_dsn``: the target's superuser when the cluster is knobtune's own
     (app.targets.access.admin_dsn_for): a replay's copies are made by it."""
+    # imported here, not at the top: this package stays cheap to import, as the CLI reads
+    # its kinds.py (tests/app/cli/test_import_cost.py)
+    from app.postgres.pgbench import pgbench_jobs
     from app.workloads.pgbench import PgbenchWorkload
 
     n = clients if clients is not None else (wl.clients if isinstance(wl.clients, int) else 1)
