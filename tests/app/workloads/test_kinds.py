@@ -11,8 +11,12 @@ import typing
 from app.cli.shared import BUILTINS, PGBENCH_BUILTINS
 from app.postgres import pgbench
 from app.sweeps.schemas import SweepIn
-from app.workloads import kinds
+from app.workloads import BUILDERS, kinds, workload_for
+from app.workloads.chbench import Chbench
+from app.workloads.pgbench import PgbenchWorkload
 from app.workloads.schemas import AnyBuiltin, Builtin, WorkloadIn
+from app.workloads.tpcc import Tpcc
+from app.workloads.tpch import Tpch
 
 
 def test_registry_names_pgbench_then_knobtune_kinds() -> None:
@@ -36,3 +40,19 @@ def test_cli_choices_and_pgbench_runner_read_the_registry() -> None:
     assert tuple(BUILTINS) == kinds.ALL_BUILTINS
     assert tuple(PGBENCH_BUILTINS) == kinds.PGBENCH_BUILTINS
     assert pgbench.BUILTINS == kinds.PGBENCH_BUILTINS
+
+
+def test_each_knobtune_kind_has_one_builder() -> None:
+    assert tuple(BUILDERS) == kinds.KNOBTUNE_BUILTINS
+
+
+def test_workload_for_builds_each_kind() -> None:
+    built = {k: workload_for(WorkloadIn(builtin=k)) for k in kinds.ALL_BUILTINS}
+    assert {k: type(w) for k, w in built.items()} == {
+        "tpcb-like": PgbenchWorkload,
+        "simple-update": PgbenchWorkload,
+        "select-only": PgbenchWorkload,
+        "tpch": Tpch,
+        "tpcc": Tpcc,
+        "chbench": Chbench,
+    }
