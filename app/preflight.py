@@ -28,7 +28,8 @@ from app.postgres.errors import bounded, first_line, primary_message
 from app.postgres.pgbench import PgbenchError, find_pgbench
 from app.postgres.roles import WorkloadRoleError, check_workload_role
 from app.postgres.scripts import ScriptError, check_script, command_lines
-from app.workloads.schemas import BUILTIN_WORKLOADS, WorkloadIn
+from app.workloads.kinds import KNOBTUNE_BUILTINS
+from app.workloads.schemas import WorkloadIn
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ def check_workload(dsn: str, workload: WorkloadIn, *, known_dsns: Iterable[str] 
         raise PreflightError(str(exc)) from None
     except psycopg.Error:
         pass  # unreachable now: the dry run (or the session) fails with its own message
-    if workload.builtin in BUILTIN_WORKLOADS:
+    if workload.builtin in KNOBTUNE_BUILTINS:
         # its scripts are ours and tested; its tables exist only once prepare() loaded them
         return [f"builtin {workload.builtin}: not dry-run (knobtune's own scripts and data)"]
     try:

@@ -17,6 +17,7 @@ from typing import Any, TypeAlias
 import httpx
 
 from app.postgres.cgroups import PROFILES
+from app.workloads import kinds
 from optimizer.objective import OBJECTIVE_KINDS
 
 
@@ -216,7 +217,8 @@ Handler: TypeAlias = Callable[[argparse.Namespace], int]
 
 
 # The choices of a workload and a search that tune and compare both take
-BUILTINS = ["tpcb-like", "simple-update", "select-only", "tpch", "tpcc", "chbench"]
+BUILTINS = list(kinds.ALL_BUILTINS)  # every builtin kind (app/workloads/kinds.py)
+PGBENCH_BUILTINS = list(kinds.PGBENCH_BUILTINS)  # pgbench's own: what a sweep runs
 OBJECTIVES = list(OBJECTIVE_KINDS)
 WORKLOAD_KINDS = ["write-heavy", "read-heavy", "mixed", "analytics"]
 ISOLATION_LEVELS = ["read committed", "repeatable read", "serializable"]

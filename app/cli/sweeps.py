@@ -11,6 +11,7 @@ from app.cli.shared import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    PGBENCH_BUILTINS,
     Api,
     CliError,
     Subparsers,
@@ -35,7 +36,7 @@ def register(sub: Subparsers) -> None:
     add_server_facts(s)
     s.add_argument(
         "--builtin",
-        choices=["tpcb-like", "simple-update", "select-only"],
+        choices=PGBENCH_BUILTINS,
         default="tpcb-like",
         help="pgbench's builtin script",
     )

@@ -50,6 +50,7 @@ from app.postgres.connect import (
 )
 from app.postgres.dsn import mask_dsn, scrub
 from app.postgres.errors import bounded
+from app.postgres.pgbench_builtins import PGBENCH_BUILTINS
 from app.postgres.pgbench_output import (
     ProgressSample,
     Summary,
@@ -65,7 +66,7 @@ from app.replay.plan import ReplayRun
 
 log = logging.getLogger(__name__)
 
-BUILTINS = ("tpcb-like", "simple-update", "select-only")
+BUILTINS = PGBENCH_BUILTINS  # the builtin scripts a run may name (pgbench -b NAME)
 PROTOCOLS = ("simple", "extended", "prepared")
 ISOLATION_LEVELS = ("read committed", "repeatable read", "serializable")
 PGBENCH_ENV = "KNOBTUNE_PGBENCH"

@@ -1,7 +1,9 @@
 """Workload kinds: each prepares its data and describes a run as pgbench streams.
 
-:func:`workload_for` is the one place that maps a request to a workload; schemas.py holds
-that request (WorkloadIn), each workload's defaults and the rules between its fields.
+:func:`workload_for` is the one place that maps a request to a workload: a replay, one of
+knobtune's own kinds (BUILDERS: a builder per kind of kinds.KNOBTUNE_BUILTINS), or else
+pgbench. schemas.py holds that request (WorkloadIn), each workload's defaults and the
+rules between its fields; kinds.py names the builtin kinds.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from app.postgres.pgbench import pgbench_jobs
 from app.workloads.base import Workload, WorkloadError
 
 if TYPE_CHECKING:
@@ -45,6 +46,51 @@ def _capture(capture_id: int) -> Callable[[], str | CaptureSource]:
     return load
 
 
+# -- knobtune's own workloads (kinds.KNOBTUNE_BUILTINS): each kind's builder, from the
+# request and the resolved client count. Each imports its module when called, so this
+# package stays cheap to import (the CLI reads kinds.py: tests/app/cli/test_import_cost.py).
+# pgbench's builtins and the user's own scripts are PgbenchWorkload (workload_for).
+Builder = Callable[["WorkloadIn", int], Workload]
+
+
+def _tpch(wl: WorkloadIn, clients: int) -> Workload:
+    from app.workloads.tpch import Tpch
+
+    queries = tuple(wl.queries) if wl.queries else None
+    return Tpch(
+        scale=wl.scale, mode=wl.mode, clients=clients, queries=queries, protocol=wl.protocol
+    )
+
+
+def _tpcc(wl: WorkloadIn, clients: int) -> Workload:
+    from app.workloads.tpcc import Tpcc
+
+    return Tpcc(
+        warehouses=int(wl.scale),
+        clients=clients,
+        isolation=wl.isolation,
+        max_tries=wl.max_tries or 10,
+        protocol=wl.protocol,
+    )
+
+
+def _chbench(wl: WorkloadIn, clients: int) -> Workload:
+    from app.workloads.chbench import Chbench
+
+    return Chbench(
+        warehouses=int(wl.scale),
+        oltp_clients=clients,
+        olap_clients=wl.olap_clients,
+        isolation=wl.isolation,
+        max_tries=wl.max_tries or 10,
+        queries=tuple(wl.queries) if wl.queries else None,
+        protocol=wl.protocol,
+    )
+
+
+BUILDERS: dict[str, Builder] = {"tpch": _tpch, "tpcc": _tpcc, "chbench": _chbench}
+
+
 def workload_for(
     wl: WorkloadIn, *, clients: int | None = None, admin_dsn: str | None = None
 ) -> Workload:
@@ -52,10 +98,12 @@ def workload_for(
     (before the sweep has run, stream names and scripts are all a caller can use).
     ``admin_dsn``: the target's superuser when the cluster is knobtune's own
     (app.targets.access.admin_dsn_for): a replay's copies are made by it."""
+    # imported here, not at the top: this package stays cheap to import (see BUILDERS)
+    from app.postgres.pgbench import pgbench_jobs
     from app.workloads.pgbench import PgbenchWorkload
 
     n = clients if clients is not None else (wl.clients if isinstance(wl.clients, int) else 1)
-    queries = tuple(wl.queries) if wl.queries else None
+    build = BUILDERS.get(wl.builtin or "")
     try:
         if wl.replay is not None:
             from app.workloads.replay import Replay
@@ -69,34 +117,8 @@ def workload_for(
                 isolation=wl.isolation,
                 admin_dsn=admin_dsn,
             )
-        if wl.builtin == "tpch":
-            from app.workloads.tpch import Tpch
-
-            return Tpch(
-                scale=wl.scale, mode=wl.mode, clients=n, queries=queries, protocol=wl.protocol
-            )
-        if wl.builtin == "tpcc":
-            from app.workloads.tpcc import Tpcc
-
-            return Tpcc(
-                warehouses=int(wl.scale),
-                clients=n,
-                isolation=wl.isolation,
-                max_tries=wl.max_tries or 10,
-                protocol=wl.protocol,
-            )
-        if wl.builtin == "chbench":
-            from app.workloads.chbench import Chbench
-
-            return Chbench(
-                warehouses=int(wl.scale),
-                oltp_clients=n,
-                olap_clients=wl.olap_clients,
-                isolation=wl.isolation,
-                max_tries=wl.max_tries or 10,
-                queries=queries,
-                protocol=wl.protocol,
-            )
+        if build is not None:
+            return build(wl, n)
     except ValueError as exc:  # a constructor's check of its arguments
         raise WorkloadError(str(exc)) from exc
     return PgbenchWorkload(

@@ -11,10 +11,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from app.postgres.pgbench import pgbench_jobs
 from app.postgres.scripts import check_script
 from app.replay.plan import REPLAY_DATABASE
+from app.workloads.kinds import KNOBTUNE_BUILTINS
 
-Builtin = Literal["tpcb-like", "simple-update", "select-only"]
-# built-in workloads with their own data and scripts (app/workloads/): analytic, OLTP, hybrid
-BUILTIN_WORKLOADS = ("tpch", "tpcc", "chbench")
+# The builtin kinds are named in app/workloads/kinds.py. A Literal must spell its values out
+# for the type checker, so these repeat them: tests/app/workloads/test_kinds.py holds them
+# equal to the registry's tuples (same values, same order: the OpenAPI enums list them so).
+Builtin = Literal["tpcb-like", "simple-update", "select-only"]  # kinds.PGBENCH_BUILTINS
+# kinds.ALL_BUILTINS: pgbench's, then knobtune's own (kinds.KNOBTUNE_BUILTINS)
 AnyBuiltin = Literal["tpcb-like", "simple-update", "select-only", "tpch", "tpcc", "chbench"]
 Isolation = Literal["read committed", "repeatable read", "serializable"]
 
@@ -213,7 +216,7 @@ class WorkloadIn(PgbenchRunIn):
             # a default warm-up never eats a short run the user asked for
             self.warmup_s = min(self.warmup_s, self.duration_s // 4)
         self._check_run(needs_script=self.replay is None)
-        if self.builtin in BUILTIN_WORKLOADS:
+        if self.builtin in KNOBTUNE_BUILTINS:
             if self.scripts:
                 raise ValueError(
                     f"builtin {self.builtin!r} brings its own scripts: drop `scripts`, or "
