@@ -71,7 +71,8 @@ from app.postgres.target import TargetController  # noqa: E402
 from app.reports.chart import final_label, points_of, render_svg  # noqa: E402
 from app.sessions.trial import TrialExecutor, TrialOutcome  # noqa: E402
 from app.workloads import workload_for  # noqa: E402
-from app.workloads.schemas import BUILTIN_WORKLOADS, WorkloadIn  # noqa: E402
+from app.workloads.kinds import KNOBTUNE_BUILTINS  # noqa: E402
+from app.workloads.schemas import WorkloadIn  # noqa: E402
 from bench.common import (  # noqa: E402
     interleaved,
     limits_of,
@@ -698,7 +699,7 @@ def parse_args(p: argparse.ArgumentParser) -> argparse.Namespace:
     if args.small:
         for spec in WORKLOADS.values():
             spec["workload"] = small_workload(spec["workload"])
-            if spec["workload"].get("builtin") not in BUILTIN_WORKLOADS:
+            if spec["workload"].get("builtin") not in KNOBTUNE_BUILTINS:
                 spec["workload"]["rate"] = SMALL_RATE
         args.settle_s = min(args.settle_s, 2)
         args.settle_run_s = min(args.settle_run_s, 2)
