@@ -45,3 +45,41 @@ def test_upgrade_to_head_and_back(backend: str, request: pytest.FixtureRequest) 
         assert set(inspect(engine).get_table_names()) >= TABLES
     finally:
         engine.dispose()
+
+
+def test_the_head_read_from_the_files_is_alembics(sqlite_url: str) -> None:
+    """app.db reads the newest migration from the files (no Alembic at each start)."""
+    from alembic.script import ScriptDirectory
+
+    from app.db import head_revision
+
+    assert (
+        head_revision()
+        == ScriptDirectory.from_config(alembic_config(sqlite_url)).get_current_head()
+    )
+
+
+def test_an_upgraded_db_starts_without_alembic_and_an_older_one_is_upgraded(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.db import current_revision, head_revision
+
+    assert current_revision(sqlite_url) is None  # no DB yet
+    upgrade(sqlite_url)
+    head = head_revision()
+    assert current_revision(sqlite_url) == head
+    real = command.upgrade
+    ran: list[str] = []
+
+    def recorded(cfg: object, revision: str) -> None:
+        ran.append(revision)
+        real(cfg, revision)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(command, "upgrade", recorded)
+    upgrade(sqlite_url)  # at the head: Alembic is not asked
+    assert ran == []
+    downgrade(sqlite_url, "-1")
+    assert current_revision(sqlite_url) != head
+    upgrade(sqlite_url)  # one behind: Alembic upgrades it
+    assert ran == ["head"]
+    assert current_revision(sqlite_url) == head
