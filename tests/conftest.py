@@ -164,10 +164,13 @@ def _is_slow(item: pytest.Item) -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test that starts a real server or process is `slow` (the fast lane is the
-    rest); slow modules first (``--dist loadfile`` hands out whole modules in this order)."""
-    for item in items:
-        if _is_slow(item) and item.get_closest_marker("slow") is None:
-            item.add_marker(pytest.mark.slow)
+    rest); slow modules first (``--dist loadfile`` hands out whole modules in this order).
+    Tests are classified only for a -m expression that names `slow`: it reads their code
+    (2 s of CPU per worker), and nothing else reads the mark."""
+    if "slow" in (config.option.markexpr or ""):
+        for item in items:
+            if _is_slow(item) and item.get_closest_marker("slow") is None:
+                item.add_marker(pytest.mark.slow)
     rank = {m: i for i, m in enumerate(_SLOW_FIRST)}
     items.sort(key=lambda it: rank.get(it.nodeid.split("::")[0], len(rank)))  # stable
 
