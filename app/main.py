@@ -24,7 +24,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import db as dbmod
 from app import vault, workloads
-from app.api import transport
 from app.api.captures import IMPORT_PATH
 from app.api.csrf import CrossSiteGuard
 from app.api.deps import AuthThrottle, require_token
@@ -70,7 +69,10 @@ def service_key(settings: Settings) -> tuple[str, str]:
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
     """`knobtune serve`'s uvicorn options that the settings decide: trusted proxies, the
-    header deadline (app/api/transport.py)."""
+    header deadline (app/api/transport.py). Imported here: uvicorn's protocol modules
+    cost 0.2 s of CPU at import, and only `knobtune serve` needs them."""
+    from app.api import transport
+
     return transport.uvicorn_options(settings)
 
 

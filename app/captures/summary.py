@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from pglast import parser as pg_parser
-
 from app.captures import logparse, sqlparse
 
 TOP = 20
@@ -221,6 +219,8 @@ def mask_literals(text: str) -> str:
     own scanner. A normalized query ("... = $1") comes back as it was; text the scanner
     cannot read (cut inside a quoted string) is cut before the quote, or withheld; text
     that does not start like a statement (a psql backslash command, garbage) is withheld."""
+    from pglast import parser as pg_parser  # on first use: 0.1 s at every process start
+
     for candidate in (text, _before_quote(text)):
         if candidate is None:
             continue
