@@ -42,8 +42,9 @@ takes about 18 minutes (at most 20): loading scale 50 and copying it about 1.5, 
 16.5 (28 runs of 35 s), one warm-up after a restart up to 1.75. Each more effect pair adds
 3 runs and up to two warm-ups (about 5 minutes).
 
-``--small``: scale 1, 2 clients, 2 pairs of 2 s runs (none discarded) and one effect pair:
-a check that the command runs (tests/docs), not a measurement.
+``--small``: scale 1, 2 clients, 2 pairs of 2 s runs (none discarded) and one effect pair,
+pgbench throttled to bench/e2e.py's ``SMALL_RATE`` tps on each copy: a check that the
+command runs (tests/docs), not a measurement.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ from app.sessions.trial import TrialExecutor, TrialHooks, TrialOutcome  # noqa: 
 from app.workloads import workload_for  # noqa: E402
 from app.workloads.schemas import WorkloadIn  # noqa: E402
 from bench.common import limits_of, load_average, machine, profile_of, run_main  # noqa: E402
-from bench.e2e import in_cgroup, make_sandbox, small_workload  # noqa: E402
+from bench.e2e import SMALL_RATE, in_cgroup, make_sandbox, small_workload  # noqa: E402
 from optimizer.compare import gain_text, paired_gain, summarize  # noqa: E402
 from optimizer.descent import Candidate  # noqa: E402
 from optimizer.evidence import Objective  # noqa: E402
@@ -107,6 +108,7 @@ class Copy:
             workload,
             duration_s=args.run_s + args.warmup_s,
             warmup_s=args.warmup_s,
+            rate=args.rate,  # --small: throttled (pgbench -R)
             stop=args.stop,
         )
         self.runs = 0
@@ -431,14 +433,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--small",
         action="store_true",
-        help="scale 1, 2 clients, 2 pairs of 2 s runs, one effect pair: a check "
-        "that the command runs (tests/docs), not a measurement",
+        help=f"scale 1, 2 clients, 2 pairs of 2 s runs, one effect pair, {SMALL_RATE} tps "
+        "(pgbench -R): a check that the command runs (tests/docs), not a measurement",
     )
     return p
 
 
 def parse_args(p: argparse.ArgumentParser) -> argparse.Namespace:
     args = p.parse_args()
+    # --small's runs throttled: they check the path, never a level, and flat out two copies
+    # kept both of the host's CPUs busy (the suite's other workers wait for them)
+    args.rate = SMALL_RATE if args.small else None
     if args.small:
         args.scale, args.clients = 1, 2
         args.pairs, args.effect_pairs = min(args.pairs, 2), min(args.effect_pairs, 1)

@@ -11,6 +11,7 @@ quiet / neighbour, so both see the same machine.
 
     .venv/bin/python bench/neighbour.py                    # 12 + 12 sessions, ~35 minutes
     .venv/bin/python bench/neighbour.py --sessions 2 --duration 3   # smoke run
+    .venv/bin/python bench/neighbour.py --small   # the path at its smallest (tests/docs)
 
 Prints and writes bench/results/neighbour.json: per condition, sessions that recommended
 a change (with a 95% Clopper-Pearson interval), the median absolute claimed gain, the
@@ -47,13 +48,28 @@ from app.settings import Settings  # noqa: E402
 from bench.common import run_main  # noqa: E402
 
 KNOBS = ["max_wal_size", "bgwriter_lru_maxpages", "bgwriter_flush_after"]
+SCALE = 5
+# --small: a check that the path runs (tests/docs), never a rate of false keeps. Scale 1,
+# both pgbenches throttled (-R: flat out they kept both CPUs busy that the suite's other
+# workers wait for), no final check (the fewest trials a session takes: 5), one session
+# per condition, and the neighbour's on and off spells 1-3 s, so that it runs during a
+# session this short.
+SMALL_RATE = 100
+SMALL_SPELL_S = (1.0, 3.0)
 
 
 class Neighbour:
     """A second pgbench on another database, switching on and off at random."""
 
-    def __init__(self, dsn: str, seed: int) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        seed: int,
+        spell_s: tuple[float, float] = (5, 40),
+        rate: float | None = None,
+    ) -> None:
         self.dsn, self.rng = dsn, random.Random(seed)
+        self.spell_s, self.rate = spell_s, rate
         self.stop = threading.Event()
         self.episodes: list[dict[str, Any]] = []
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -69,13 +85,15 @@ class Neighbour:
     def _loop(self) -> None:
         t0 = time.monotonic()
         while not self.stop.is_set():
-            if self.stop.wait(self.rng.uniform(5, 40)):  # off
+            if self.stop.wait(self.rng.uniform(*self.spell_s)):  # off
                 return
-            on, clients = self.rng.uniform(5, 40), self.rng.choice([1, 2, 4])
+            on, clients = self.rng.uniform(*self.spell_s), self.rng.choice([1, 2, 4])
             self.episodes.append(
                 {"at_s": round(time.monotonic() - t0, 1), "s": round(on, 1), "clients": clients}
             )
             cmd = [find_pgbench(), "-n", "-c", str(clients), "-j", "1", "-T", str(int(on) + 1)]
+            if self.rate is not None:
+                cmd += ["-R", f"{self.rate:g}"]
             proc = subprocess.Popen(
                 [*cmd, self.dsn], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
             )
@@ -92,14 +110,16 @@ def session(client: TestClient, target_id: int, args: argparse.Namespace, seed: 
         "knobs": KNOBS,
         "workload": {
             "builtin": "select-only",
-            "scale": 5,
+            "scale": args.scale,
             "clients": 2,
             "jobs": 1,
             "duration_s": args.duration,
             "warmup_s": 1,
             "init": False,
+            **({"rate": SMALL_RATE} if args.small else {}),
         },
         "max_trials": args.max_trials,
+        **({"final_check_runs": 0} if args.small else {}),
         # Without a wall budget, a select-only session whose baseline wrote a few bytes of
         # WAL (25 B/s seen) took its checkpoint knobs to runs of 5 min: minutes per session
         # instead of a minute, and a docs test that timed out. The budget leaves them set
@@ -155,7 +175,17 @@ def main() -> None:
     ap.add_argument("--max-trials", type=int, default=14)
     ap.add_argument("--budget-s", type=float, default=300, help="wall budget per session")
     ap.add_argument("--out", default=str(ROOT / "bench/results/neighbour.json"))
+    ap.add_argument(
+        "--small",
+        action="store_true",
+        help=f"1 session per condition, scale 1, both pgbenches at {SMALL_RATE} tps, 2 s runs, "
+        "no final check, 5 trials, the neighbour's spells 1-3 s: a check that the command "
+        "runs (tests/docs), not a measurement",
+    )
     args = ap.parse_args()
+    args.scale = SCALE
+    if args.small:
+        args.sessions, args.duration, args.max_trials, args.scale = 1, 2, 5, 1
     t0 = time.monotonic()
     rows: dict[str, list[dict[str, Any]]] = {"quiet": [], "neighbour": []}
     episodes: list[Any] = []
@@ -163,12 +193,12 @@ def main() -> None:
         os.chmod(tmp, 0o755)
         # the sessions' workload runs as the sandbox's unprivileged benchmark role in its
         # own database (never as a superuser: docs/security.md), so its tables go there
-        init_data(sb.bench_dsn, 5)
+        init_data(sb.bench_dsn, args.scale)
         other = sb.dsn.replace("dbname=postgres", "dbname=neighbour")
         subprocess.run(
             ["psql", sb.dsn, "-qc", "CREATE DATABASE neighbour"], check=True, capture_output=True
         )
-        init_data(other, 5)
+        init_data(other, args.scale)
         settings = Settings(database_url=f"sqlite:///{tmp}/meta.db", work_dir=Path(tmp))
         with TestClient(create_app(settings)) as client:
             reg = {"name": "nb", "dsn": sb.dsn, "workload_dsn": sb.bench_dsn}
@@ -180,7 +210,9 @@ def main() -> None:
                 for cond in ("quiet", "neighbour"):
                     load_before = os.getloadavg()[0]
                     if cond == "neighbour":
-                        with Neighbour(other, seed=100 + i) as nb:
+                        spells = SMALL_SPELL_S if args.small else (5.0, 40.0)
+                        rate = SMALL_RATE if args.small else None
+                        with Neighbour(other, 100 + i, spells, rate) as nb:
                             row = session(client, tid, args, seed=i)
                         episodes.append(nb.episodes)
                     else:
@@ -198,7 +230,8 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "args": vars(args),
         "knobs": KNOBS,
-        "workload": "pgbench select-only, scale 5, 2 clients (no writes: the knobs cannot matter)",
+        "workload": f"pgbench select-only, scale {args.scale}, 2 clients (no writes: the knobs "
+        "cannot matter)",
         "summary": {c: summary(r) for c, r in rows.items()},
         "sessions": rows,
         "neighbour_episodes": episodes,

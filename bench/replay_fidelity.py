@@ -204,14 +204,16 @@ SMALL: dict[str, Any] = {
     "clients": 2,
     "report_clients": 1,
     "disk_iops": 300,
-    # The capture's mix throttled (pgbench -R 20 a stream; the reporting client, always
-    # behind that schedule, pauses 500 ms after each query): --small checks the path, never
+    # The capture's mix throttled (pgbench -R 10 a stream; the reporting client, always
+    # behind that schedule, pauses 1.5 s after each query): --small checks the path, never
     # a level, and 8 s flat out kept a CPU busy that the suite's other workers wait for.
-    # The capture then holds ~800 statements, not ~5,500, and each replay run replays
-    # fewer. The original's runs stay flat out: each 2 s run must finish every TPC-C
-    # transaction type (4% of the mix the rarest) for its throughput to have a level.
-    "capture_rate": 20.0,
-    "report_pause_ms": 500,
+    # The capture then holds ~500 statements and ~5 reporting sorts, not ~5,500 and ~12,
+    # and each replay run replays them (every one of its runs holds a reporting query);
+    # the pause also leaves each original run 1-2 sorts, not 3. The original's runs stay
+    # flat out: each 2 s run must finish every TPC-C transaction type (4% of the mix the
+    # rarest) for its throughput to have a level.
+    "capture_rate": 10.0,
+    "report_pause_ms": 1500,
 }
 
 
@@ -901,12 +903,12 @@ def main() -> int:
         "--capture-rate",
         type=float,
         help="pgbench -R for each stream of the mix while it is captured, transactions a "
-        "second (default: none, flat out; --small: 20)",
+        "second (default: none, flat out; --small: 10)",
     )
     p.add_argument(
         "--report-pause-ms",
         type=int,
-        help="the reporting client's pause after each query, ms (default 0; --small: 500)",
+        help="the reporting client's pause after each query, ms (default 0; --small: 1500)",
     )
     p.add_argument("--speed", type=float, default=1.0, help="the replay's speed (default 1)")
     p.add_argument(

@@ -33,7 +33,7 @@ from app.postgres.target import TargetController  # noqa: E402
 from app.sessions.summary import io_line  # noqa: E402
 from app.sessions.trial import TrialExecutor  # noqa: E402
 from bench.common import limits_of, load_average, machine, profile_of, run_main  # noqa: E402
-from bench.e2e import WORKLOADS, _workload, make_sandbox, small_workload  # noqa: E402
+from bench.e2e import SMALL_RATE, WORKLOADS, _workload, make_sandbox, small_workload  # noqa: E402
 from optimizer.catalogue import CATALOGUE, Hardware  # noqa: E402
 from optimizer.descent import Candidate  # noqa: E402
 from optimizer.heuristic import db_type_for, pgtune  # noqa: E402
@@ -54,15 +54,18 @@ def main() -> int:
     p.add_argument(
         "--small",
         action="store_true",
-        help="scale 1, 2 clients, one 3 s run per config: a check that the command runs "
-        "(tests/docs), not a measurement",
+        help=f"scale 1, 2 clients, one 3 s run per config at {SMALL_RATE} tps (pgbench -R): a "
+        "check that the command runs (tests/docs), not a measurement",
     )
     args = p.parse_args()
     name = args.workloads
     spec = {**WORKLOADS[name], "name": name}
+    rate = None
     if args.small:
         spec["workload"] = small_workload(spec["workload"])
         args.minutes, args.run_s = 1, 3
+        # throttled: the run checks the path, never a level (flat out it kept the CPUs busy)
+        rate = SMALL_RATE
     limits = limits_of(args)
     hw = Hardware(
         ram_bytes=(limits.memory_bytes if limits and limits.memory_bytes else None)
@@ -80,7 +83,9 @@ def main() -> int:
         ctl = TargetController.for_sandbox(sb)
         names = sorted({k for c in configs.values() for k in c})
         snapshot = ctl.snapshot(names)
-        executor = TrialExecutor(ctl, sb.dsn, _workload(spec), duration_s=args.run_s, warmup_s=0)
+        executor = TrialExecutor(
+            ctl, sb.dsn, _workload(spec), duration_s=args.run_s, warmup_s=0, rate=rate
+        )
         try:
             n = 0
             for label, config in configs.items():

@@ -22,9 +22,12 @@ def test_results_search_quality(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_results_neighbour(tmp_path: Path) -> None:
+    """--small: one session per condition, 5 trials of 2 s, both pgbenches throttled
+    (bench/neighbour.py); the path runs and writes its summary, nothing about a rate."""
     block = command("results-neighbour")
-    run(small(block, tmp_path, sessions="1", duration="2", max_trials="11"))
-    assert json.loads((tmp_path / "neighbour.json").read_text())
+    run(small(block, tmp_path, small=None))
+    doc = json.loads((tmp_path / "neighbour.json").read_text())
+    assert {c: s["sessions"] for c, s in doc["summary"].items()} == {"quiet": 1, "neighbour": 1}
 
 
 @pytest.mark.slow
