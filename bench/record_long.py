@@ -129,8 +129,9 @@ def _run(sb: Sandbox, spec: BenchSpec, names: list[str]) -> tuple[BenchResult, d
     return res, rec
 
 
-def _load_reporting(sb: Sandbox, seconds: int) -> BenchSpec:
-    """Load the reporting dataset; the spec of one long-query run."""
+def _load_reporting(sb: Sandbox, seconds: int, small: bool = False) -> BenchSpec:
+    """Load the reporting dataset; the spec of one long-query run (``small``: one client,
+    a 1 s warm-up: the path, at a quarter of the CPU)."""
     t = time.monotonic()
     with psycopg.connect(sb.dsn, autocommit=True) as conn:
         conn.execute(LOAD_SQL)  # type: ignore[arg-type]
@@ -138,10 +139,10 @@ def _load_reporting(sb: Sandbox, seconds: int) -> BenchSpec:
     return BenchSpec(
         builtin=None,
         scripts=[(QUERIES[n], 1) for n in QUERIES],
-        clients=2,
-        jobs=2,
+        clients=1 if small else 2,
+        jobs=1 if small else 2,
         duration_s=seconds,
-        warmup_s=3,
+        warmup_s=1 if small else 3,
         log_sampling=1.0,
     )
 
@@ -200,13 +201,14 @@ def probe(sb: Sandbox, candidates: list[str], seconds: int) -> None:
         print(f"{wm}: {level / mean_a - 1:+.1%} against A (mean of the two A runs)")
 
 
-def record_long(sb: Sandbox, runs: int, seconds: int) -> dict[str, Any]:
-    spec = _load_reporting(sb, seconds)
+def record_long(sb: Sandbox, runs: int, seconds: int, small: bool = False) -> dict[str, Any]:
+    spec = _load_reporting(sb, seconds, small)
     names = list(QUERIES)
     # one short run each to warm the cache and print the effect
     for cfg in ("A", "B"):
         _set(sb, CONFIGS[cfg])
-        warm = BenchSpec(**{**spec.__dict__, "duration_s": min(10, seconds), "warmup_s": 0})
+        warm_s = 1 if small else min(10, seconds)
+        warm = BenchSpec(**{**spec.__dict__, "duration_s": warm_s, "warmup_s": 0})
         _, rec = _run(sb, warm, names)
         by = {
             n: [x for x, lab in zip(rec["latency_ms"], rec["labels"], strict=True) if lab == n]
@@ -238,10 +240,15 @@ def record_long(sb: Sandbox, runs: int, seconds: int) -> dict[str, Any]:
     }
 
 
-def record_tpcb(sb: Sandbox, runs: int, seconds: int) -> dict[str, Any]:
-    init_data(sb.dsn, 5)
+def record_tpcb(sb: Sandbox, runs: int, seconds: int, small: bool = False) -> dict[str, Any]:
+    init_data(sb.dsn, 1 if small else 5)
     spec = BenchSpec(
-        builtin="tpcb-like", clients=4, jobs=2, duration_s=seconds, warmup_s=3, log_sampling=1.0
+        builtin="tpcb-like",
+        clients=2 if small else 4,
+        jobs=1 if small else 2,
+        duration_s=seconds,
+        warmup_s=1 if small else 3,
+        log_sampling=1.0,
     )
     out: list[dict[str, Any]] = []
     for i in range(runs):
@@ -250,7 +257,7 @@ def record_tpcb(sb: Sandbox, runs: int, seconds: int) -> dict[str, Any]:
             res, rec = _run(sb, spec, ["tpcb-like"])
             st = summarize_stream(
                 "tpcb",
-                clients=4,
+                clients=spec.clients,
                 shares={"tpcb-like": 1.0},
                 start_s=rec["start_s"],
                 latency_ms=rec["latency_ms"],
@@ -306,6 +313,12 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="comma-separated configs as for --b: measure one run of each against A and stop",
     )
+    ap.add_argument(
+        "--small",
+        action="store_true",
+        help="the path at its smallest (tests): one client for the long queries, TPC-B at "
+        "scale 1 and 2 clients, 1 s warm-ups",
+    )
     args = ap.parse_args(argv)
     tag = f"-{args.tag}" if args.tag else ""
     CONFIGS["B"] = _settings(args.b)
@@ -318,10 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         _complete_a(sb, [CONFIGS["B"]])
         CONFIGS["B"] = {**CONFIGS["A"], **CONFIGS["B"]}
         if args.runs:
-            data = record_long(sb, args.runs, args.seconds)
+            data = record_long(sb, args.runs, args.seconds, args.small)
             _save(args.out / f"long-query-runs{tag}.json.gz", {**data, "nice": nice})
         if args.tpcb_runs:
-            data = record_tpcb(sb, args.tpcb_runs, args.tpcb_seconds)
+            data = record_tpcb(sb, args.tpcb_runs, args.tpcb_seconds, args.small)
             _save(args.out / f"tpcb-runs{tag}.json.gz", {**data, "nice": nice})
     return 0
 

@@ -40,7 +40,9 @@ def test_results_sweep(tmp_path: Path) -> None:
 @pytest.mark.timeout(900)
 def test_results_long_queries(tmp_path: Path) -> None:
     record, replay = command("results-long-queries").strip().splitlines()
-    script = small(record, tmp_path, runs="1", seconds="4", tpcb_runs="1", tpcb_seconds="4")
+    # --small: one client for the long queries, TPC-B at scale 1 (bench/record_long.py)
+    options = {"small": None, "runs": "1", "seconds": "3", "tpcb_runs": "1", "tpcb_seconds": "3"}
+    script = small(record, tmp_path, **options)
     run(script.replace("--out recordings", f"--out {tmp_path / 'recordings'}"))
     assert list((tmp_path / "recordings").glob("*.json.gz"))
     res = run(small(replay, tmp_path, max_runs="1"))  # the committed recordings, as the page says
