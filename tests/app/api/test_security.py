@@ -270,7 +270,7 @@ def test_dsn_password_never_appears(
         json={"target_id": ok.json()["id"], "knobs": ["work_mem"],
               "max_trials": 5, "final_check_runs": 0,
               "workload": {"builtin": "select-only", "scale": 1, "clients": 2, "jobs": 1,
-                           "duration_s": 2, "warmup_s": 1}},
+                           "duration_s": 2, "warmup_s": 1, "rate": 100}},
     ).json()["id"]  # fmt: skip
     assert wait_done(client, sid, timeout=120)["status"] == "succeeded"
 
