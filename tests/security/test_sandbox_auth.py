@@ -140,6 +140,7 @@ def test_a_sandbox_session_runs_as_the_benchmark_role() -> None:
                         "jobs": 1,
                         "duration_s": 2,
                         "warmup_s": 1,
+                        "rate": 100,  # pgbench -R: the roles are the point
                     },
                 },
             ).json()["id"]

@@ -250,8 +250,11 @@ def test_performance_guard_stops_a_collapse_early_and_restores_the_incumbent(
             "final_check_runs": 0,
             "seed": 1,
             "hints": False,  # the walk's first step must be work_mem=16MB
+            # at 200 tps (pgbench -R): the incumbent's level without burning the CPUs, five
+            # times the collapse's 40
             "workload": {"builtin": None, "scripts": [{"sql": sql}], "init": False,
-                         "clients": 2, "jobs": 1, "duration_s": 8, "warmup_s": 1},
+                         "clients": 2, "jobs": 1, "duration_s": 8, "warmup_s": 1,
+                         "rate": 200},
         },
     )  # fmt: skip
     assert final["status"] == "succeeded", final

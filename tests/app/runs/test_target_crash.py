@@ -88,7 +88,8 @@ def test_a_crash_under_a_trial_config_rolls_it_back_restarts_and_records_it(
         s.add(t)
         s.flush()
         tid = t.id
-    workload = {"builtin": "select-only", "scale": 1, "clients": 1, "duration_s": 1, "warmup_s": 0}
+    workload = {"builtin": "select-only", "scale": 1, "clients": 1, "duration_s": 1, "warmup_s": 0,
+                "rate": 100}  # fmt: skip
     sid = add_session(
         db,
         tid,
