@@ -43,7 +43,7 @@ def test_targets_cancel_export_and_rollback_with_yes(user_dir: Path, staging: Sa
     assert res.returncode == 0, res.stderr
     res = knobtune(
         "tune", "--target", "staging", "--script", "s.sql", "--knobs", "work_mem",
-        "--duration", "2", "--warmup", "1", "--clients", "2", "--jobs", "1",
+        "--duration", "2", "--warmup", "1", "--clients", "1", "--jobs", "1",
         "--max-trials", "7", "--final-check-runs", "2", cwd=user_dir, timeout=400,
     )  # fmt: skip
     # finished: a confirmed gain (0), or one 2 s runs left unconfirmed (4) or not credible (3)
@@ -92,7 +92,7 @@ def test_targets_cancel_export_and_rollback_with_yes(user_dir: Path, staging: Sa
     untouched = file_settings(staging.dsn)
     tune = subprocess.Popen(
         [str(BIN / "knobtune"), "tune", "--target", "staging", "--script", "s.sql",
-         "--knobs", "work_mem", "--duration", "30", "--warmup", "1", "--clients", "2",
+         "--knobs", "work_mem", "--duration", "30", "--warmup", "1", "--clients", "1",
          "--jobs", "1", "--max-trials", "11"],
         cwd=user_dir, env=user_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True,

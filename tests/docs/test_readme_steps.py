@@ -50,12 +50,13 @@ def test_five_steps_on_a_server_of_ones_own(user_dir: Path, server: Sandbox) -> 
     assert res.returncode == 0, res.stderr
     assert "target staging registered: PostgreSQL" in res.stdout
 
-    # small sizes: 3 s runs, 2 clients, 12 runs in all (the README's defaults: 30 of 60 s)
+    # small sizes: 1 s runs, 1 client, 7 runs in all with a final check of 2 (the README's
+    # defaults: 30 of 60 s, 8 clients, a final check of 6)
     run = replace(
         command("step-run"),
         "--knobs work_mem,hash_mem_multiplier",
-        "--knobs work_mem,hash_mem_multiplier --duration 3 --warmup 1 --clients 2 --jobs 1 "
-        "--max-trials 12 --seed 3",
+        "--knobs work_mem,hash_mem_multiplier --duration 1 --warmup 0 --clients 1 --jobs 1 "
+        "--max-trials 7 --final-check-runs 2 --seed 3",
     )
     res = bash(run, user_dir, 1200)
     # finished: a confirmed gain (0), no change (3) or unconfirmed (4): docs/cli.md

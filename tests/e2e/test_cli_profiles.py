@@ -64,7 +64,7 @@ def test_demo_with_a_profile_runs_in_its_cgroup_and_removes_it(tmp_path: Path) -
     block = replace(
         command("profiles-demo"),
         "--profile small",
-        f"--profile micro --out {tmp_path / 'out'} --duration 30 --scale 1 --clients 2",
+        f"--profile micro --out {tmp_path / 'out'} --duration 30 --scale 1 --clients 1",
     )
     argv = shlex.split(block)
     assert argv[0] == "knobtune"
