@@ -46,10 +46,18 @@ def follow(
         with view:
             while True:
                 interrupt.poll()
-                sess = api.call("GET", f"/api/v1/sessions/{session_id}")
+                # The trials first: a trial and the session's re-estimated plan are stored
+                # together, so the session read after them has planned at least their
+                # trials (read the other way round, the last trial line of a session that
+                # ended early showed the plan from before it: "9/11"). Once it has ended,
+                # its trials again: one may have been stored between the two reads.
                 trials = api.call("GET", f"/api/v1/sessions/{session_id}/trials")
+                sess = api.call("GET", f"/api/v1/sessions/{session_id}")
+                ended = sess["status"] in ("succeeded", "failed", "cancelled")
+                if ended:
+                    trials = api.call("GET", f"/api/v1/sessions/{session_id}/trials")
                 view.update(sess, trials)
-                if sess["status"] in ("succeeded", "failed", "cancelled"):
+                if ended:
                     return dict(sess)
                 time.sleep(1.0)
 
