@@ -148,7 +148,7 @@ def _starts_a_process(func: Callable[..., Any]) -> bool:
     return check(func)
 
 
-def _is_slow(item: pytest.Item) -> bool:
+def is_slow(item: pytest.Item) -> bool:
     if item.get_closest_marker("slow") is not None:
         return True
     if not isinstance(item, pytest.Function):
@@ -169,7 +169,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     (2 s of CPU per worker), and nothing else reads the mark."""
     if "slow" in (config.option.markexpr or ""):
         for item in items:
-            if _is_slow(item) and item.get_closest_marker("slow") is None:
+            if is_slow(item) and item.get_closest_marker("slow") is None:
                 item.add_marker(pytest.mark.slow)
     rank = {m: i for i, m in enumerate(_SLOW_FIRST)}
     items.sort(key=lambda it: rank.get(it.nodeid.split("::")[0], len(rank)))  # stable

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import is_slow
 from tests.docs.blocks import command, replace
 from tests.docs.cli_reference import current, reference
 from tests.helpers import ROOT
@@ -82,13 +83,16 @@ def test_the_fast_lane_collects_no_slow_test(request: pytest.FixtureRequest) -> 
     """README's and docs/contributing.md's fast lane, the same command: it leaves out every
     test that starts a server or a process (tests/conftest.py classifies them) and keeps
     the rest. Read from this run's own collection when it is README's whole suite and the
-    command is the plain one (the same classification; a second collection of the suite
-    takes 17 s of CPU, 83 s of a worker on a loaded run); else the command runs, collecting."""
+    command is the plain one (the same classification, tests/conftest.py's is_slow; a
+    second collection of the suite takes 17 s of CPU, 83 s of a worker on a loaded run);
+    else the command runs, collecting."""
     block = command("tests-fast")
     assert command("fast-lane").strip() == block.strip()
     if block.strip() == FAST_LANE and _whole_suite_collected(request.config):
+        # a run without -m leaves its items unmarked (tests/conftest.py): classified here,
+        # on one worker
         items = request.session.items
-        fast = {i.nodeid for i in items if i.get_closest_marker("slow") is None}
+        fast = {i.nodeid for i in items if not is_slow(i)}
         selected, deselected = len(fast), len(items) - len(fast)
     else:
         script = replace(block, '-m "not slow"', '-m "not slow" --collect-only -q -n 0')
