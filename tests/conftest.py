@@ -36,41 +36,37 @@ SandboxFactory = Callable[..., Sandbox]
 
 # The slowest modules first, longest first: a worker that picked one up late would
 # otherwise run alone at the end. Each one's time in a full run with four workers on this
-# 2-core host (pytest --durations=0 --junitxml, summed per module, 2026-11-29; they take
-# about half of that alone). pyproject.toml's --no-loadscope-reorder keeps this order: by
-# default pytest-xdist hands out the modules with the most tests first (the optimizer's),
-# whatever the collection's order.
+# 2-core host (every test's wall and CPU seconds, its processes included, summed per module,
+# 2026-11-29; they take about half of that alone). pyproject.toml's --no-loadscope-reorder
+# keeps this order: by default pytest-xdist hands out the modules with the most tests first
+# (the optimizer's), whatever the collection's order.
 _SLOW_FIRST = (
-    "tests/docs/test_cli_sessions.py",  # 250 s
-    "tests/app/api/test_security.py",  # 241 s (schemathesis: 197 s)
-    "tests/docs/test_results_captures.py",  # 233 s
-    "tests/docs/test_readme_steps.py",  # 200 s
-    "tests/docs/test_results_search_order.py",  # 186 s
-    "tests/docs/test_captures.py",  # 177 s
-    "tests/docs/test_results_commands.py",  # 176 s
-    "tests/e2e/test_faults.py",  # 165 s
-    "tests/docs/test_cli_commands.py",  # 148 s
-    "tests/app/sweeps/test_sweep.py",  # 146 s
-    "tests/docs/test_fresh_copy.py",  # 129 s (an install)
-    "tests/app/sessions/test_builtin_sessions.py",  # 119 s
-    "tests/acceptance/test_service_lifecycle.py",  # 117 s
-    "tests/security/test_restart.py",  # 116 s
-    "tests/docs/test_results_quality.py",  # 112 s
-    "tests/acceptance/test_two_processes.py",  # 103 s
-    "tests/docs/test_compare.py",  # 98 s
-    "tests/acceptance/test_cli_user.py",  # 97 s
-    "tests/app/postgres/test_pg18.py",  # 96 s
-    "tests/e2e/test_cli.py",  # 79 s
-    "tests/app/runs/test_memory_measured.py",  # 77 s
-    "tests/e2e/test_dashboard.py",  # 76 s
-    "tests/acceptance/test_readme.py",  # 74 s
-    "tests/app/runs/test_guards.py",  # 69 s
-    "tests/docs/test_results_duet.py",  # 61 s
-    "tests/e2e/test_cli_profiles.py",  # 56 s
-    "tests/app/api/test_service_api.py",  # 54 s
-    "tests/security/test_bench_role.py",  # 51 s
-    "tests/app/postgres/test_target.py",  # 50 s
-    "tests/docs/test_results_steady.py",  # 47 s
+    "tests/docs/test_results_captures.py",  # 180 s (42 CPU-s)
+    "tests/docs/test_results_search_order.py",  # 135 s (25 CPU-s)
+    "tests/app/sweeps/test_sweep.py",  # 103 s (67 CPU-s)
+    "tests/e2e/test_faults.py",  # 101 s (28 CPU-s)
+    "tests/acceptance/test_service_lifecycle.py",  # 98 s (17 CPU-s)
+    "tests/docs/test_results_commands.py",  # 84 s (68 CPU-s)
+    "tests/docs/test_cli_sessions.py",  # 70 s (26 CPU-s)
+    "tests/docs/test_captures.py",  # 65 s (22 CPU-s)
+    "tests/docs/test_fresh_copy.py",  # 64 s (49 CPU-s)
+    "tests/docs/test_compare.py",  # 63 s (15 CPU-s)
+    "tests/security/test_restart.py",  # 59 s (9 CPU-s)
+    "tests/app/runs/test_memory_measured.py",  # 59 s (44 CPU-s)
+    "tests/app/runs/test_guards.py",  # 52 s (9 CPU-s)
+    "tests/e2e/test_dashboard.py",  # 52 s (19 CPU-s)
+    "tests/docs/test_results_quality.py",  # 51 s (18 CPU-s)
+    "tests/docs/test_results_duet.py",  # 50 s (16 CPU-s)
+    "tests/app/sessions/test_builtin_sessions.py",  # 49 s (54 CPU-s)
+    "tests/docs/test_cli_commands.py",  # 45 s (32 CPU-s)
+    "tests/app/api/test_security.py",  # 39 s (18 CPU-s)
+    "tests/app/api/test_service_api.py",  # 39 s (9 CPU-s)
+    "tests/e2e/test_cli.py",  # 38 s (18 CPU-s)
+    "tests/app/workloads/test_streams.py",  # 35 s (8 CPU-s)
+    "tests/docs/test_results_steady.py",  # 33 s (7 CPU-s)
+    "tests/acceptance/test_two_processes.py",  # 32 s (9 CPU-s)
+    "tests/app/postgres/test_pg18.py",  # 32 s (13 CPU-s)
+    "tests/docs/test_readme_steps.py",  # 31 s (24 CPU-s)
 )
 
 
