@@ -191,11 +191,15 @@ def _quoted(body: str) -> str:
     return rf"{body}(?:'(?:{_QC}{body}(?:'|\Z))*+|\Z)"
 
 
+# flex takes the longest of these; a regex the first that matches, so the order matters.
+# An exponent without a sign is also the start of an identifier: numeric_junk and
+# decinteger_junk take it and whatever identifier characters follow ($ too), as much as
+# real and real_junk or more (1.5e1$a$ is one token, not 1.5e1 then a dollar quote).
 _NUM = (
-    rf"(?:{_REAL}(?:{_IDENT})?"  # real, real_junk
+    rf"(?:(?:{_NUMERIC}|{_DEC})[Ee][-+]{_DEC}(?:{_IDENT})?"  # real, real_junk (signed)
     rf"|(?:{_NUMERIC}|{_DEC})[Ee][-+]"  # realfail: one token (15+; 14 gave back e-)
     rf"|{_DEC}(?=\.\.)"  # numericfail: the .. goes back
-    rf"|{_NUMERIC}(?:{_IDENT})?"  # numeric, numeric_junk
+    rf"|{_NUMERIC}(?:{_IDENT})?"  # numeric, numeric_junk (and an unsigned real)
     rf"|{_DEC}(?:{_IDENT})?)"  # decinteger, decinteger_junk (0x.., 0o.., 0b.. too)
 )
 _TOKENS = [
