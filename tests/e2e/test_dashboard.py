@@ -144,7 +144,7 @@ def test_dashboard_in_chromium(server: Server, tmp_path: Path) -> None:
         page.wait_for_function(
             "() => Number(document.getElementById('live-spark')?.dataset.samples || 0) > 0"
             " || ['succeeded', 'failed', 'cancelled'].includes("
-            "document.getElementById('session').dataset.status)",
+            "document.getElementById('session')?.dataset.status)",
             timeout=60_000,
         )
         live = page.locator("#live-spark")
@@ -154,10 +154,11 @@ def test_dashboard_in_chromium(server: Server, tmp_path: Path) -> None:
         assert "tps" in page.inner_text("[data-live=now]")
         page.screenshot(path=str(tmp_path / "live.png"), full_page=True)
 
-        # The page reloads itself when the session ends.
+        # The page reloads itself when the session ends (no #session between two
+        # documents: hence ?.).
         page.wait_for_function(
             "() => ['succeeded', 'failed', 'cancelled'].includes("
-            "document.getElementById('session').dataset.status)",
+            "document.getElementById('session')?.dataset.status)",
             timeout=120_000,
         )
         page.wait_for_load_state("load")
