@@ -144,7 +144,9 @@ def test_a_small_server_gets_a_pool_well_past_a_quarter_of_its_memory(
             "max_trials": 5,
             "final_check_runs": 0,
             "seed": 1,
-            "workload": {"builtin": "select-only", "scale": 1, "clients": 2, "jobs": 1,
+            # one client: no level is asserted here (not throttled: the warm-up after the
+            # restart reads until the reads settle, and 100 tps left them unsettled)
+            "workload": {"builtin": "select-only", "scale": 1, "clients": 1, "jobs": 1,
                          "duration_s": 3, "warmup_s": 1},
         },
     )  # fmt: skip
